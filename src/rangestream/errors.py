@@ -1,0 +1,85 @@
+"""Exception classes of rangestream.
+
+Every failure the library detects is raised as one of these, so callers can catch
+``RangestreamError`` and know the message names the object, key or value at fault.
+Several also derive from the matching builtin (``FileNotFoundError``, ``ValueError``,
+``IndexError``) so code written against the builtins keeps working.
+"""
+
+from __future__ import annotations
+
+
+class RangestreamError(Exception):
+    """Base class of every error raised by rangestream."""
+
+
+class DatasetNotFoundError(RangestreamError, FileNotFoundError):
+    """The URL holds no committed dataset."""
+
+
+class DatasetExistsError(RangestreamError, FileExistsError):
+    """A committed dataset exists at the URL and the writer was not asked to overwrite it."""
+
+
+class SchemaMismatchError(RangestreamError, ValueError):
+    """The format or schema given by the caller differs from the one stored."""
+
+
+class InvalidRecordError(RangestreamError, ValueError):
+    """Data passed to ``append`` does not match the format's contract."""
+
+
+class InvalidShardError(RangestreamError, ValueError):
+    """A shard number is negative, not an integer, or owned by another writer."""
+
+
+class WriterClosedError(RangestreamError, RuntimeError):
+    """The writer was used after it was closed or committed."""
+
+
+class CommitError(RangestreamError, RuntimeError):
+    """A commit could not be completed (conflicting parts, missing parts)."""
+
+
+class CorruptDataError(RangestreamError, ValueError):
+    """Stored bytes or metadata are damaged or inconsistent."""
+
+
+class ChecksumError(CorruptDataError):
+    """A stored checksum does not match the bytes read."""
+
+
+class MissingObjectError(CorruptDataError):
+    """An object the dataset's metadata refers to does not exist."""
+
+
+class MetadataError(CorruptDataError):
+    """Stored metadata (group or array JSON, index arrays) is malformed or hostile."""
+
+
+class StorageError(RangestreamError, OSError):
+    """An object store request failed."""
+
+
+class RetriesExhaustedError(StorageError):
+    """A transient error persisted through every retry; names the URL and byte range."""
+
+
+class EndpointUnreachableError(StorageError):
+    """The object store endpoint could not be reached within the retry budget."""
+
+
+class OutOfRangeError(RangestreamError, IndexError):
+    """An index, position or counter lies outside the range its object defines."""
+
+
+class LoaderConfigError(RangestreamError, ValueError):
+    """Loader arguments contradict each other or do not fit the storage kind."""
+
+
+class StateError(RangestreamError, ValueError):
+    """A loader ``state_dict`` does not fit the loader it is loaded into."""
+
+
+class CollateError(RangestreamError, ValueError):
+    """Samples of one batch cannot be combined (differing keys, shapes or lengths)."""

@@ -1,0 +1,6 @@
+"""Built-in formats: pure packing and unpacking, no I/O."""
+
+from rangestream.formats.document_pickle import DocumentPickleFormat
+from rangestream.formats.stream_numpy import StreamNumpyFormat
+
+__all__ = ["DocumentPickleFormat", "StreamNumpyFormat"]

@@ -1,0 +1,124 @@
+"""Which storage errors are worth retrying, and how long to keep trying.
+
+Object stores throttle (503 SlowDown), reset connections and cut bodies short; all of
+those pass if retried with backoff. A missing key or a denied request never does, so those
+surface at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from dataclasses import dataclass
+
+from rangestream.errors import CorruptDataError, RangestreamError
+
+
+class ShortReadError(OSError):
+    """A response carried fewer bytes than the range asked for (a truncated body)."""
+
+
+_TRANSIENT_MARKERS = (
+    "slowdown",
+    "slow down",
+    "throttl",
+    "serviceunavailable",
+    "service unavailable",
+    "internalerror",
+    "internal error",
+    "503",
+    "500",
+    "502",
+    "504",
+    "requesttimeout",
+    "timed out",
+    "timeout",
+    "connection reset",
+    "connection aborted",
+    "server disconnected",
+    "payload",
+    "cannot connect",
+    "could not connect",
+    "connect call failed",
+    "broken pipe",
+    "response ended prematurely",
+)
+
+
+def is_transient(error: BaseException) -> bool:
+    """True for errors that a later attempt of the same request may not hit."""
+    if isinstance(error, (FileNotFoundError, PermissionError, IsADirectoryError)):
+        return False
+    if isinstance(error, (RangestreamError, CorruptDataError)):
+        return False
+    if isinstance(error, (ShortReadError, asyncio.TimeoutError, TimeoutError, ConnectionError)):
+        return True
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        module = type(current).__module__ or ""
+        if module.startswith("aiohttp") or type(current).__name__ in {
+            "EndpointConnectionError",
+            "ConnectTimeoutError",
+            "ReadTimeoutError",
+            "ConnectionClosedError",
+            "IncompleteReadError",
+            "ResponseStreamingError",
+        }:
+            return True
+        text = f"{type(current).__name__} {current}".lower()
+        if any(marker in text for marker in _TRANSIENT_MARKERS):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def is_unreachable(error: BaseException) -> bool:
+    """True when the endpoint itself could not be reached (DNS, refused, connect timeout)."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        name = type(current).__name__
+        if name in {"EndpointConnectionError", "ConnectTimeoutError", "ClientConnectorError"}:
+            return True
+        if isinstance(current, ConnectionRefusedError):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Bounded retries with exponential backoff and full jitter.
+
+    Parameters
+    ----------
+    max_attempts
+        Attempts per request, the first included.
+    base_delay, max_delay
+        Backoff before attempt ``n`` is uniform in ``[0, min(max_delay, base_delay * 2**n)]``
+        (full jitter spreads a throttled fleet instead of retrying in lockstep).
+    request_timeout
+        Seconds one attempt may take before it is abandoned and retried.
+    total_timeout
+        Seconds all attempts of one request may take together; bounds every read.
+    """
+
+    max_attempts: int = 6
+    base_delay: float = 0.05
+    max_delay: float = 2.0
+    request_timeout: float = 30.0
+    total_timeout: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
+        if self.request_timeout <= 0 or self.total_timeout <= 0:
+            raise ValueError("request_timeout and total_timeout must be positive")
+
+    def backoff(self, attempt: int, rng: random.Random | None = None) -> float:
+        """Seconds to sleep after failed attempt number ``attempt`` (0-based)."""
+        ceiling = min(self.max_delay, self.base_delay * (2**attempt))
+        return (rng or random).uniform(0.0, ceiling)

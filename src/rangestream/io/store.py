@@ -1,0 +1,357 @@
+"""Object access: one async interface over local files, S3 (s3fs) and any fsspec store.
+
+Keys are ``/``-separated paths relative to the dataset root. The async methods are the
+real implementation; the local store also answers reads synchronously with ``os.pread``,
+because a sync read of a local file through an event loop costs ten times the read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import uuid
+import weakref
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+from rangestream.errors import StorageError
+
+_LOCAL_PROTOCOLS = {"file", "local"}
+
+
+class ObjectStore(ABC):
+    """Async access to the objects under one dataset root."""
+
+    #: Whether ``get_range_sync`` / ``get_suffix_sync`` work without an event loop.
+    supports_sync_reads: bool = False
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def __repr__(self) -> str:  # never shows storage_options: they may hold credentials
+        return f"{type(self).__name__}({self.url!r})"
+
+    def describe(self, key: str) -> str:
+        """The full URL of ``key``, for error messages."""
+        return f"{self.url.rstrip('/')}/{key}"
+
+    @abstractmethod
+    async def get_range(self, key: str, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)``; fewer only if the object ends before ``end``."""
+
+    @abstractmethod
+    async def get_suffix(self, key: str, nbytes: int) -> bytes:
+        """The last ``nbytes`` bytes (all of them if the object is shorter)."""
+
+    @abstractmethod
+    async def get(self, key: str) -> bytes: ...
+
+    @abstractmethod
+    async def put(self, key: str, data: bytes | memoryview) -> None:
+        """Write a whole object; readers see the old object or the new one, never a mix."""
+
+    @abstractmethod
+    async def size(self, key: str) -> int: ...
+
+    @abstractmethod
+    async def exists(self, key: str) -> bool: ...
+
+    @abstractmethod
+    async def list(self, prefix: str) -> list[str]:
+        """Keys under ``prefix`` (recursively), relative to the root."""
+
+    @abstractmethod
+    async def delete_prefix(self, prefix: str) -> None:
+        """Delete every object under ``prefix``; a missing prefix is not an error."""
+
+    async def aclose(self) -> None:
+        """Release connections held for the running loop."""
+
+    def get_range_sync(self, key: str, start: int, end: int) -> bytes:
+        raise TypeError(f"{type(self).__name__} has no synchronous reads")
+
+    def get_sync(self, key: str) -> bytes:
+        raise TypeError(f"{type(self).__name__} has no synchronous reads")
+
+    def get_suffix_sync(self, key: str, nbytes: int) -> bytes:
+        raise TypeError(f"{type(self).__name__} has no synchronous reads")
+
+
+class LocalStore(ObjectStore):
+    """Files under a local directory, read with ``os.pread`` through a bounded fd cache."""
+
+    supports_sync_reads = True
+
+    def __init__(self, root: str | os.PathLike[str], *, max_open_files: int = 128) -> None:
+        self.root = Path(root).expanduser().absolute()
+        super().__init__(str(self.root))
+        self._max_open_files = max_open_files
+        self._fds: OrderedDict[str, int] = OrderedDict()
+        self._fd_pid = os.getpid()
+        self._fd_lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"root": str(self.root), "max_open_files": self._max_open_files}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["root"], max_open_files=state["max_open_files"])  # type: ignore[misc]
+
+    def describe(self, key: str) -> str:
+        return str(self.root / key)
+
+    def _path(self, key: str) -> Path:
+        return self.root / key
+
+    def _fd(self, key: str) -> int:
+        with self._fd_lock:
+            if self._fd_pid != os.getpid():  # inherited from a parent: start afresh
+                self._fds = OrderedDict()
+                self._fd_pid = os.getpid()
+            fd = self._fds.get(key)
+            if fd is not None:
+                self._fds.move_to_end(key)
+                return fd
+            fd = os.open(self._path(key), os.O_RDONLY)
+            self._fds[key] = fd
+            while len(self._fds) > self._max_open_files:
+                _, old = self._fds.popitem(last=False)
+                os.close(old)
+            return fd
+
+    def close_files(self) -> None:
+        with self._fd_lock:
+            if self._fd_pid == os.getpid():
+                for fd in self._fds.values():
+                    os.close(fd)
+            self._fds = OrderedDict()
+
+    def get_range_sync(self, key: str, start: int, end: int) -> bytes:
+        return os.pread(self._fd(key), end - start, start)
+
+    def get_suffix_sync(self, key: str, nbytes: int) -> bytes:
+        fd = self._fd(key)
+        size = os.fstat(fd).st_size
+        start = max(0, size - nbytes)
+        return os.pread(fd, size - start, start)
+
+    async def get_range(self, key: str, start: int, end: int) -> bytes:
+        return await asyncio.to_thread(self.get_range_sync, key, start, end)
+
+    async def get_suffix(self, key: str, nbytes: int) -> bytes:
+        return await asyncio.to_thread(self.get_suffix_sync, key, nbytes)
+
+    def get_sync(self, key: str) -> bytes:
+        return self._path(key).read_bytes()
+
+    async def get(self, key: str) -> bytes:
+        return await asyncio.to_thread(self.get_sync, key)
+
+    def put_sync(self, key: str, data: bytes | memoryview) -> None:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+        with open(temporary, "wb") as handle:
+            handle.write(data)
+        os.replace(temporary, path)
+        with self._fd_lock:  # a cached fd would still point at the replaced file
+            fd = self._fds.pop(key, None)
+            if fd is not None and self._fd_pid == os.getpid():
+                os.close(fd)
+
+    async def put(self, key: str, data: bytes | memoryview) -> None:
+        await asyncio.to_thread(self.put_sync, key, data)
+
+    async def size(self, key: str) -> int:
+        return self._path(key).stat().st_size
+
+    async def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    async def list(self, prefix: str) -> list[str]:
+        base = self._path(prefix)
+        if not base.is_dir():
+            return []
+        return sorted(
+            str(path.relative_to(self.root)).replace(os.sep, "/")
+            for path in base.rglob("*")
+            if path.is_file()
+        )
+
+    async def delete_prefix(self, prefix: str) -> None:
+        import shutil
+
+        self.close_files()
+        path = self._path(prefix)
+        await asyncio.to_thread(shutil.rmtree, path, True)
+
+
+class FsspecStore(ObjectStore):
+    """Objects in any fsspec filesystem; S3 and other async filesystems run natively.
+
+    An async fsspec filesystem binds to the loop that first uses it and must not cross a
+    fork, so one instance is kept per (process, loop) and rebuilt when either changes.
+    Synchronous filesystems (``memory://`` and friends) run in a worker thread.
+    """
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
+        import fsspec
+
+        super().__init__(url)
+        protocol, path = url.split("://", 1)
+        self.protocol = protocol
+        self.root_path = path.rstrip("/")
+        self._storage_options = dict(storage_options or {})
+        cls = fsspec.get_filesystem_class(protocol)
+        self._is_async = bool(getattr(cls, "async_impl", False))
+        self._instances: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._sync_instance: Any = None
+        self._pid = os.getpid()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"url": self.url, "storage_options": self._storage_options}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["url"], state["storage_options"])  # type: ignore[misc]
+
+    def _options(self) -> dict[str, Any]:
+        options = dict(self._storage_options)
+        if self.protocol in {"s3", "s3a"}:
+            # Our RangeReader owns retries, so it can count them and bound their time;
+            # botocore's and s3fs's own retry loops would hide attempts from the counters.
+            config = dict(options.get("config_kwargs") or {})
+            config.setdefault("retries", {"max_attempts": 1, "mode": "standard"})
+            config.setdefault("max_pool_connections", 128)
+            config.setdefault("connect_timeout", 5)
+            config.setdefault("read_timeout", 30)
+            options["config_kwargs"] = config
+            options.setdefault("retries", 1)
+        return options
+
+    def _path(self, key: str) -> str:
+        return f"{self.root_path}/{key}" if key else self.root_path
+
+    async def _fs(self) -> Any:
+        import fsspec
+
+        if self._pid != os.getpid():
+            self._instances = weakref.WeakKeyDictionary()
+            self._sync_instance = None
+            self._pid = os.getpid()
+        if not self._is_async:
+            if self._sync_instance is None:
+                self._sync_instance = fsspec.filesystem(self.protocol, **self._options())
+            return self._sync_instance
+        loop = asyncio.get_running_loop()
+        fs = self._instances.get(loop)
+        if fs is None:
+            fs = fsspec.filesystem(
+                self.protocol, asynchronous=True, skip_instance_cache=True, **self._options()
+            )
+            if hasattr(fs, "set_session"):
+                await fs.set_session()
+            self._instances[loop] = fs
+        return fs
+
+    async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        fs = await self._fs()
+        if self._is_async:
+            return await getattr(fs, f"_{method}")(*args, **kwargs)
+        return await asyncio.to_thread(getattr(fs, method), *args, **kwargs)
+
+    async def get_range(self, key: str, start: int, end: int) -> bytes:
+        if end <= start:
+            return b""
+        return bytes(await self._call("cat_file", self._path(key), start=start, end=end))
+
+    async def get_suffix(self, key: str, nbytes: int) -> bytes:
+        if self.protocol in {"s3", "s3a"}:
+            return bytes(await self._call("cat_file", self._path(key), start=-nbytes))
+        size = await self.size(key)
+        return await self.get_range(key, max(0, size - nbytes), size)
+
+    async def get(self, key: str) -> bytes:
+        return bytes(await self._call("cat_file", self._path(key)))
+
+    async def put(self, key: str, data: bytes | memoryview) -> None:
+        await self._call("pipe_file", self._path(key), bytes(data))
+
+    async def size(self, key: str) -> int:
+        info = await self._call("info", self._path(key))
+        return int(info["size"])
+
+    async def exists(self, key: str) -> bool:
+        try:
+            await self._call("info", self._path(key))
+        except FileNotFoundError:
+            return False
+        return True
+
+    async def list(self, prefix: str) -> list[str]:
+        base = self._path(prefix).rstrip("/")
+        try:
+            found = await self._call("find", base)
+        except FileNotFoundError:
+            return []
+        root = self.root_path + "/"
+        keys = []
+        for path in found:
+            path = path.split("://", 1)[-1]
+            if path.startswith("/") and not root.startswith("/"):
+                path = path.lstrip("/")
+            if path.startswith(root):
+                keys.append(path[len(root) :])
+        return sorted(keys)
+
+    async def delete_prefix(self, prefix: str) -> None:
+        keys = await self.list(prefix)
+        if not keys:
+            return
+        paths = [self._path(key) for key in keys]
+        try:
+            await self._call("rm", paths)
+        except FileNotFoundError:
+            pass
+        if self.protocol == "memory":
+            # memory:// keeps pseudo-directories that would make a prefix look present
+            fs = await self._fs()
+            try:
+                fs.rm(self._path(prefix), recursive=True)
+            except FileNotFoundError:
+                pass
+
+    async def aclose(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        fs = self._instances.pop(loop, None)
+        client = getattr(fs, "_s3", None)
+        if client is not None:
+            try:
+                await client.__aexit__(None, None, None)
+            except Exception:  # closing a half-broken session must not mask the real error
+                pass
+
+
+def open_store(
+    url: str | os.PathLike[str], storage_options: dict[str, Any] | None = None
+) -> ObjectStore:
+    """The store for a dataset URL: a local path, ``file://``, ``s3://`` or any fsspec URL."""
+    if isinstance(url, os.PathLike):
+        return LocalStore(os.fspath(url))
+    if not isinstance(url, str) or not url:
+        raise StorageError(f"a dataset URL must be a non-empty string or path, got {url!r}")
+    if "://" not in url:
+        return LocalStore(url)
+    protocol, rest = url.split("://", 1)
+    if protocol in _LOCAL_PROTOCOLS:
+        return LocalStore(rest)
+    try:
+        return FsspecStore(url, storage_options)
+    except (ValueError, ImportError) as error:
+        raise StorageError(f"no storage backend for URL {url!r}: {error}") from error

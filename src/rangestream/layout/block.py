@@ -1,0 +1,228 @@
+"""Blocks: objects of a Zarr v3 array written with the ``sharding_indexed`` codec.
+
+Zarr calls these objects shards; we say *block* to keep them apart from writer shards. A
+block holds ``chunks_per_block`` inner chunks, each the raw little-endian bytes of
+``chunk_rows`` rows followed by their crc32c, then the chunk index (one ``(offset, nbytes)``
+uint64 pair per inner chunk) and the index's crc32c. Inner chunks are uncompressed, so once
+a block's index is known, rows map to byte ranges by arithmetic, and every inner chunk a
+read touches is verified against its checksum, partial reads included.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import google_crc32c
+import numpy as np
+
+from rangestream.errors import ChecksumError, CorruptDataError, MetadataError
+
+MISSING = np.uint64(2**64 - 1)
+CRC_NBYTES = 4
+
+
+def crc32c(data: bytes | memoryview | np.ndarray) -> int:
+    if isinstance(data, memoryview):  # google_crc32c takes bytes and arrays, not memoryviews
+        data = np.frombuffer(data, dtype=np.uint8)
+    return int(google_crc32c.value(data))  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class ArrayLayout:
+    """How one array's rows are cut into inner chunks and blocks.
+
+    A row is one element of axis 0 with its trailing shape (a token, a structured stream
+    element stored as bytes, a frame of a temporal field).
+    """
+
+    dtype: np.dtype[Any]
+    row_shape: tuple[int, ...]
+    chunk_rows: int
+    block_rows: int
+
+    def __post_init__(self) -> None:
+        if self.chunk_rows < 1 or self.block_rows < self.chunk_rows:
+            raise MetadataError(
+                f"invalid layout: chunk_rows={self.chunk_rows}, block_rows={self.block_rows}"
+            )
+        if self.block_rows % self.chunk_rows:
+            raise MetadataError("block_rows must be a multiple of chunk_rows")
+        if self.chunks_per_block > 1 << 22:
+            raise MetadataError(f"{self.chunks_per_block} inner chunks per block is too many")
+
+    @classmethod
+    def for_sizes(
+        cls,
+        dtype: np.dtype[Any],
+        row_shape: tuple[int, ...],
+        *,
+        chunk_bytes: int,
+        block_bytes: int,
+    ) -> ArrayLayout:
+        """A layout whose inner chunks and blocks come close to the byte targets."""
+        row_nbytes = dtype.itemsize * math.prod(row_shape)
+        chunk_rows = max(1, chunk_bytes // row_nbytes)
+        chunks_per_block = max(1, block_bytes // (chunk_rows * row_nbytes))
+        return cls(dtype, tuple(row_shape), chunk_rows, chunk_rows * chunks_per_block)
+
+    @property
+    def row_nbytes(self) -> int:
+        return self.dtype.itemsize * math.prod(self.row_shape)
+
+    @property
+    def chunk_nbytes(self) -> int:
+        return self.chunk_rows * self.row_nbytes
+
+    @property
+    def stored_chunk_nbytes(self) -> int:
+        return self.chunk_nbytes + CRC_NBYTES
+
+    @property
+    def chunks_per_block(self) -> int:
+        return self.block_rows // self.chunk_rows
+
+    @property
+    def index_nbytes(self) -> int:
+        return 16 * self.chunks_per_block + CRC_NBYTES
+
+    @property
+    def stored_trailing_ndim(self) -> int:
+        """Trailing dimensions of the stored Zarr array (structured rows add a byte axis)."""
+        structured = self.dtype.fields is not None or self.dtype.subdtype is not None
+        return len(self.row_shape) + (1 if structured else 0)
+
+    def block_key(self, array_key: str, block: int) -> str:
+        return f"{array_key}/c/{block}" + "/0" * self.stored_trailing_ndim
+
+    def num_blocks(self, length: int) -> int:
+        return -(-length // self.block_rows)
+
+    def to_json(self) -> dict[str, Any]:
+        from rangestream.layout.dtypes import dtype_to_json
+
+        return {
+            "dtype": dtype_to_json(self.dtype),
+            "row_shape": list(self.row_shape),
+            "chunk_rows": self.chunk_rows,
+            "block_rows": self.block_rows,
+        }
+
+    @classmethod
+    def from_json(cls, value: Any, what: str) -> ArrayLayout:
+        from rangestream.layout.dtypes import dtype_from_json
+
+        if not isinstance(value, dict):
+            raise MetadataError(f"{what}: layout must be an object")
+        row_shape = value.get("row_shape")
+        if not isinstance(row_shape, list) or len(row_shape) > 8:
+            raise MetadataError(f"{what}: row_shape must be a short list")
+        for extent in row_shape:
+            if type(extent) is not int or not 1 <= extent <= 1 << 24:
+                raise MetadataError(f"{what}: row_shape entry {extent!r} is invalid")
+        chunk_rows, block_rows = value.get("chunk_rows"), value.get("block_rows")
+        for name, number in (("chunk_rows", chunk_rows), ("block_rows", block_rows)):
+            if type(number) is not int or not 1 <= number <= 1 << 40:
+                raise MetadataError(f"{what}: {name} {number!r} is invalid")
+        layout = cls(dtype_from_json(value.get("dtype"), what), tuple(row_shape), chunk_rows,
+                     block_rows)  # fmt: skip
+        if layout.row_nbytes > 1 << 28 or layout.chunk_nbytes > 1 << 31:
+            raise MetadataError(f"{what}: rows or chunks are unreasonably large")
+        return layout
+
+
+def encode_block(layout: ArrayLayout, rows: bytes | memoryview | np.ndarray) -> bytes:
+    """The object for one block holding ``rows`` (at most ``block_rows`` rows of bytes)."""
+    data = np.frombuffer(rows, dtype=np.uint8) if not isinstance(rows, np.ndarray) else rows
+    data = data.reshape(-1)
+    row_nbytes = layout.row_nbytes
+    num_rows = data.size // row_nbytes
+    if num_rows * row_nbytes != data.size or not 0 < num_rows <= layout.block_rows:
+        raise ValueError(f"a block takes 1..{layout.block_rows} whole rows, got {data.size} B")
+    present = -(-num_rows // layout.chunk_rows)
+    stored = layout.stored_chunk_nbytes
+    out = np.zeros(present * stored + layout.index_nbytes, dtype=np.uint8)
+    chunks = out[: present * stored].reshape(present, stored)
+    flat = np.zeros(present * layout.chunk_nbytes, dtype=np.uint8)
+    flat[: data.size] = data
+    chunks[:, : layout.chunk_nbytes] = flat.reshape(present, layout.chunk_nbytes)
+    checksums = np.fromiter(
+        (crc32c(chunks[i, : layout.chunk_nbytes]) for i in range(present)),
+        dtype="<u4",
+        count=present,
+    )
+    chunks[:, layout.chunk_nbytes :] = checksums.view(np.uint8).reshape(present, CRC_NBYTES)
+    index = np.full((layout.chunks_per_block, 2), MISSING, dtype="<u8")
+    index[:present, 0] = np.arange(present, dtype=np.uint64) * np.uint64(stored)
+    index[:present, 1] = stored
+    index_bytes = index.tobytes()
+    tail = out[present * stored :]
+    tail[: len(index_bytes)] = np.frombuffer(index_bytes, dtype=np.uint8)
+    tail[len(index_bytes) :] = np.frombuffer(
+        np.uint32(crc32c(index_bytes)).astype("<u4").tobytes(), dtype=np.uint8
+    )
+    return out.tobytes()
+
+
+def parse_block_index(layout: ArrayLayout, raw: bytes | memoryview, where: str) -> np.ndarray:
+    """Verify and decode a block's chunk index into an ``(n, 2)`` uint64 array."""
+    if len(raw) != layout.index_nbytes:
+        raise CorruptDataError(
+            f"{where}: chunk index is {len(raw)} bytes, expected {layout.index_nbytes} "
+            "(object truncated or written with another layout)"
+        )
+    body = memoryview(raw)[:-CRC_NBYTES]
+    stored = int.from_bytes(memoryview(raw)[-CRC_NBYTES:], "little")
+    if crc32c(body) != stored:
+        raise ChecksumError(f"{where}: chunk index checksum mismatch")
+    return np.frombuffer(body, dtype="<u8").reshape(-1, 2)
+
+
+def chunk_byte_runs(
+    layout: ArrayLayout, index: np.ndarray, first_chunk: int, last_chunk: int, where: str
+) -> list[tuple[int, int, int, int]]:
+    """Byte runs ``(start, end, first, last)`` covering inner chunks ``first..last``.
+
+    Consecutive chunks stored back to back form one run, so one range request fetches them.
+    """
+    entries = index[first_chunk : last_chunk + 1]
+    offsets = entries[:, 0]
+    sizes = entries[:, 1]
+    if (offsets == MISSING).any():
+        missing = first_chunk + int(np.flatnonzero(offsets == MISSING)[0])
+        raise CorruptDataError(f"{where}: inner chunk {missing} is missing from the block")
+    if (sizes != layout.stored_chunk_nbytes).any():
+        raise CorruptDataError(
+            f"{where}: inner chunk sizes differ from {layout.stored_chunk_nbytes} bytes "
+            "(compressed or foreign layout)"
+        )
+    if int(offsets.max()) > 1 << 50:
+        raise CorruptDataError(f"{where}: chunk offsets are out of range")
+    runs: list[tuple[int, int, int, int]] = []
+    run_start = 0
+    for i in range(1, len(offsets) + 1):
+        if i == len(offsets) or int(offsets[i]) != int(offsets[i - 1]) + int(sizes[i - 1]):
+            start = int(offsets[run_start])
+            end = int(offsets[i - 1]) + int(sizes[i - 1])
+            runs.append((start, end, first_chunk + run_start, first_chunk + i - 1))
+            run_start = i
+    return runs
+
+
+def decode_chunks(
+    layout: ArrayLayout, data: bytes | memoryview, where: str, *, verify: bool = True
+) -> np.ndarray:
+    """Strip (and check) the checksums of back-to-back inner chunks; returns row bytes."""
+    stored = layout.stored_chunk_nbytes
+    buffer = np.frombuffer(data, dtype=np.uint8)
+    count = buffer.size // stored
+    if count * stored != buffer.size:
+        raise CorruptDataError(f"{where}: {buffer.size} bytes is not a whole number of chunks")
+    chunks = buffer.reshape(count, stored)
+    if verify:
+        expected = chunks[:, layout.chunk_nbytes :].copy().view("<u4").reshape(count)
+        for i in range(count):
+            if crc32c(chunks[i, : layout.chunk_nbytes]) != int(expected[i]):
+                raise ChecksumError(f"{where}: checksum mismatch in inner chunk {i} of the read")
+    return chunks[:, : layout.chunk_nbytes]

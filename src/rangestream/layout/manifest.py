@@ -1,0 +1,168 @@
+"""The dataset manifest: the group attributes that make a dataset exist.
+
+``<dataset>/zarr.json`` is a Zarr v3 group whose ``attributes.rangestream`` names the kind
+of storage, the format schema, the layout of each array and, per shard, the length of each
+array. It is O(shards) bytes and one request, whatever the record count, so opening a
+dataset is as fast with billions of records as with thousands. It is written last, by the
+commit; before that the dataset does not exist for readers.
+
+Everything here is parsed as untrusted input: bounded sizes, exact types, no pickle, and
+keys that cannot leave the dataset prefix.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rangestream.errors import MetadataError
+from rangestream.layout.block import ArrayLayout
+from rangestream.layout.zarr_json import group_document
+
+FORMAT_VERSION = 1
+ROOT_KEY = "zarr.json"
+MAX_ROOT_BYTES = 512 * 1024 * 1024
+MAX_SHARDS = 1 << 24
+_COMMIT_ID = re.compile(r"^[0-9a-f]{32}$")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+
+
+def data_prefix(commit_id: str) -> str:
+    return f"data/{commit_id}"
+
+
+def shard_prefix(commit_id: str, shard: int) -> str:
+    return f"{data_prefix(commit_id)}/shards/{shard}"
+
+
+def array_key(commit_id: str, shard: int, name: str) -> str:
+    return f"{shard_prefix(commit_id, shard)}/{name}"
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What a committed dataset is: kind, schema, array layouts and per-shard lengths."""
+
+    kind: str
+    commit_id: str
+    schema: dict[str, Any]
+    arrays: dict[str, ArrayLayout]
+    shard_ids: np.ndarray
+    lengths: dict[str, np.ndarray]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def array_key(self, shard: int, name: str) -> str:
+        return array_key(self.commit_id, shard, name)
+
+    def length(self, name: str) -> np.ndarray:
+        return self.lengths[name]
+
+    def to_attributes(self) -> dict[str, Any]:
+        return {
+            "format_version": FORMAT_VERSION,
+            "kind": self.kind,
+            "commit_id": self.commit_id,
+            "data_prefix": data_prefix(self.commit_id),
+            "schema": self.schema,
+            "arrays": {name: layout.to_json() for name, layout in self.arrays.items()},
+            "shards": {
+                "ids": [int(s) for s in self.shard_ids],
+                "lengths": {
+                    name: [int(n) for n in values] for name, values in self.lengths.items()
+                },
+            },
+            "extra": self.extra,
+        }
+
+    def root_document(self) -> dict[str, Any]:
+        return group_document({"rangestream": self.to_attributes()})
+
+
+def parse_root(raw: bytes, where: str, expected_kind: str | None = None) -> Manifest:
+    """Parse ``zarr.json`` of a dataset root into a manifest, refusing anything malformed."""
+    if len(raw) > MAX_ROOT_BYTES:
+        raise MetadataError(f"{where}: {len(raw)} bytes is too large for dataset metadata")
+    try:
+        document = json.loads(raw)
+    except (ValueError, RecursionError) as error:
+        raise MetadataError(f"{where} is not valid JSON: {error}") from error
+    if not isinstance(document, dict):
+        raise MetadataError(f"{where} must hold a JSON object")
+    if document.get("zarr_format") != 3 or document.get("node_type") != "group":
+        raise MetadataError(f"{where} is not a Zarr v3 group document")
+    attributes = document.get("attributes")
+    if not isinstance(attributes, dict) or "rangestream" not in attributes:
+        raise MetadataError(f"{where} is a Zarr group but not a rangestream dataset")
+    return parse_attributes(attributes["rangestream"], where, expected_kind)
+
+
+def _require(condition: bool, where: str, message: str) -> None:
+    if not condition:
+        raise MetadataError(f"{where}: {message}")
+
+
+def parse_attributes(value: Any, where: str, expected_kind: str | None = None) -> Manifest:
+    _require(isinstance(value, dict), where, "rangestream attributes must be an object")
+    version = value.get("format_version")
+    _require(
+        version == FORMAT_VERSION,
+        where,
+        f"format_version {version!r} is not supported (this library reads {FORMAT_VERSION})",
+    )
+    kind = value.get("kind")
+    _require(isinstance(kind, str) and bool(_NAME.match(kind)), where, f"bad kind {kind!r}")
+    if expected_kind is not None and kind != expected_kind:
+        from rangestream.errors import SchemaMismatchError
+
+        raise SchemaMismatchError(
+            f"{where} holds a {kind!r} dataset, but it was opened as {expected_kind!r}"
+        )
+    commit_id = value.get("commit_id")
+    _require(
+        isinstance(commit_id, str) and bool(_COMMIT_ID.match(commit_id)),
+        where,
+        f"commit_id {commit_id!r} is not 32 hex digits",
+    )
+    _require(
+        value.get("data_prefix") == data_prefix(commit_id),
+        where,
+        "data_prefix does not match the commit id (keys must stay inside the dataset)",
+    )
+    schema = value.get("schema")
+    _require(isinstance(schema, dict), where, "schema must be an object")
+    arrays_json = value.get("arrays")
+    _require(isinstance(arrays_json, dict) and len(arrays_json) <= 64, where, "bad arrays")
+    arrays: dict[str, ArrayLayout] = {}
+    for name, layout_json in arrays_json.items():
+        _require(isinstance(name, str) and bool(_NAME.match(name)), where, f"bad name {name!r}")
+        arrays[name] = ArrayLayout.from_json(layout_json, f"{where} array {name!r}")
+    shards = value.get("shards")
+    _require(isinstance(shards, dict), where, "shards must be an object")
+    ids = _int_list(shards.get("ids"), f"{where} shard ids")
+    _require(len(ids) <= MAX_SHARDS, where, "too many shards")
+    shard_ids = np.asarray(ids, dtype=np.int64)
+    _require(bool((shard_ids >= 0).all()), where, "shard ids must be non-negative")
+    _require(bool((np.diff(shard_ids) > 0).all()), where, "shard ids must be strictly increasing")
+    lengths_json = shards.get("lengths")
+    _require(isinstance(lengths_json, dict), where, "shard lengths must be an object")
+    _require(set(lengths_json) == set(arrays), where, "shard lengths must name every array")
+    lengths = {}
+    for name in arrays:
+        values = np.asarray(_int_list(lengths_json[name], f"{where} {name} lengths"), np.int64)
+        _require(len(values) == len(shard_ids), where, f"{name} lengths do not match shard ids")
+        _require(bool((values >= 0).all()), where, f"{name} lengths must be non-negative")
+        _require(bool((values < 1 << 50).all()), where, f"{name} lengths are out of range")
+        lengths[name] = values
+    extra = value.get("extra", {})
+    _require(isinstance(extra, dict), where, "extra must be an object")
+    return Manifest(kind, commit_id, schema, arrays, shard_ids, lengths, extra)
+
+
+def _int_list(value: Any, where: str) -> list[int]:
+    if not isinstance(value, list) or not all(type(item) is int for item in value):
+        raise MetadataError(f"{where} must be a list of integers")
+    return value

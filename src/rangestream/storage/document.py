@@ -1,0 +1,199 @@
+"""``DocumentStorage``: one variable-size encoded blob per document.
+
+Per shard: ``payload_heap`` (the concatenated encoded documents, uint8) and
+``payload_offsets`` (int64, one more than documents: document ``i`` is heap bytes
+``[offsets[i], offsets[i+1])``). Reading documents costs two rounds: their offsets, then
+their bytes; both coalesce across the documents of one ``read_many``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from rangestream.errors import CorruptDataError, InvalidRecordError
+from rangestream.io.range_reader import ReadProgram
+from rangestream.io.store import ObjectStore
+from rangestream.layout.block import ArrayLayout
+from rangestream.layout.manifest import Manifest
+from rangestream.storage.base import AsyncReaderBase, OpenedStorage, Storage, SyncReaderBase
+from rangestream.storage.writing import ShardEncoder
+from rangestream.types import DocumentStorageFormat
+
+_INT64 = np.dtype("<i8")
+_UINT8 = np.dtype("u1")
+
+
+def payload_rows(payload: Any, who: str) -> np.ndarray:
+    """A payload as uint8 rows, or a clear error if it is not bytes-like."""
+    if not isinstance(payload, (bytes, bytearray, memoryview)):
+        raise InvalidRecordError(
+            f"{who} must produce bytes, bytearray or memoryview, got {type(payload).__name__}"
+        )
+    return np.frombuffer(payload, dtype=np.uint8).copy()
+
+
+class _DocumentShardEncoder(ShardEncoder):
+    def __init__(self, storage_format: DocumentStorageFormat[Any, Any]) -> None:
+        self.format = storage_format
+
+    def initial_rows(self) -> Mapping[str, np.ndarray]:
+        return {"payload_offsets": np.zeros(1, dtype=_INT64)}
+
+    def encode(self, data: Any, lengths: Mapping[str, int]) -> Mapping[str, np.ndarray]:
+        rows = payload_rows(self.format.pack(data), f"{type(self.format).__name__}.pack")
+        end = lengths["payload_heap"] + len(rows)
+        return {"payload_heap": rows, "payload_offsets": np.asarray([end], dtype=_INT64)}
+
+
+class OpenedDocuments(OpenedStorage):
+    """Read programs of a document storage; shared by its sync and async readers."""
+
+    def __init__(self, storage: Storage, store: ObjectStore, manifest: Manifest) -> None:
+        super().__init__(storage, store, manifest)
+        self.document_bounds = self.bounds("payload_offsets", minus=1)
+        self.num_documents = int(self.document_bounds[-1])
+        self.format: DocumentStorageFormat[Any, Any] = storage.storage_format  # type: ignore[attr-defined]
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """``(shard id, index within shard)`` of a global document index."""
+        if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
+            raise TypeError(f"document index must be an integer, got {index!r}")
+        index = int(index)
+        if not 0 <= index < self.num_documents:
+            raise IndexError(f"document {index} is outside 0..{self.num_documents - 1}")
+        part = int(np.searchsorted(self.document_bounds, index, side="right")) - 1
+        return int(self.manifest.shard_ids[part]), index - int(self.document_bounds[part])
+
+    def read_encoded(self, indexes: Sequence[int]) -> ReadProgram[list[tuple[int, bytes]]]:
+        """``(shard, encoded bytes)`` of each document, in two coalesced rounds."""
+        located = [self.locate(i) for i in indexes]
+        offset_parts = yield from self.rows(
+            [self.row_range(shard, "payload_offsets", j, j + 2) for shard, j in located]
+        )
+        heap_ranges = []
+        for (shard, j), part in zip(located, offset_parts, strict=True):
+            start, end = (int(x) for x in part.reshape(-1).view(_INT64))
+            heap_length = self.shard_length("payload_heap", shard)
+            if not 0 <= start <= end <= heap_length:
+                raise CorruptDataError(
+                    f"{self.describe(self.manifest.array_key(shard, 'payload_offsets'))}: "
+                    f"document {j} spans [{start}, {end}) outside the heap of {heap_length} bytes"
+                )
+            heap_ranges.append(self.row_range(shard, "payload_heap", start, end))
+        heaps = yield from self.rows(heap_ranges)
+        return [
+            (shard, heap.reshape(-1).tobytes())
+            for (shard, _), heap in zip(located, heaps, strict=True)
+        ]
+
+    def read_many(self, indexes: Sequence[int]) -> ReadProgram[list[Any]]:
+        encoded = yield from self.read_encoded(indexes)
+        return [self.format.unpack(data, shard) for shard, data in encoded]
+
+    def read(self, index: int) -> ReadProgram[Any]:
+        (document,) = yield from self.read_many([index])
+        return document
+
+
+class DocumentStorage(Storage):
+    """Variable-size documents in shards, addressed by a global index in shard order.
+
+    Parameters
+    ----------
+    url
+        Where the dataset lives (local path, ``s3://``, ``memory://``, any fsspec URL).
+    storage_format
+        A ``DocumentStorageFormat`` (e.g. ``DocumentPickleFormat``: trusted data only).
+    **options
+        See ``Storage``.
+    """
+
+    kind = "document"
+    opened_class = OpenedDocuments
+
+    def __init__(
+        self,
+        url: str | os.PathLike[str],
+        storage_format: DocumentStorageFormat[Any, Any],
+        **options: Any,
+    ) -> None:
+        super().__init__(url, **options)
+        if not callable(getattr(storage_format, "pack", None)) or not callable(
+            getattr(storage_format, "unpack", None)
+        ):
+            raise TypeError(
+                f"storage_format must have pack and unpack, got {type(storage_format).__name__}"
+            )
+        self.storage_format = storage_format
+
+    def _array_layouts(self) -> dict[str, ArrayLayout]:
+        return {
+            "payload_heap": ArrayLayout.for_sizes(
+                _UINT8, (), chunk_bytes=self.chunk_bytes, block_bytes=self.block_bytes
+            ),
+            "payload_offsets": ArrayLayout.for_sizes(
+                _INT64, (), chunk_bytes=max(self.chunk_bytes, 1024), block_bytes=self.block_bytes
+            ),
+        }
+
+    def _check_schema(self, manifest: Manifest) -> None:
+        from rangestream.errors import SchemaMismatchError
+
+        if set(manifest.arrays) != {"payload_heap", "payload_offsets"}:
+            raise SchemaMismatchError(f"{self.url} does not hold a document dataset's arrays")
+
+    def _shard_encoder(self) -> ShardEncoder:
+        return _DocumentShardEncoder(self.storage_format)
+
+    def sync_reader(self) -> DocumentStorageReader:
+        return DocumentStorageReader(self)
+
+    def async_reader(self) -> AsyncDocumentStorageReader:
+        return AsyncDocumentStorageReader(self)
+
+
+class _DocumentFacts:
+    opened: Any
+
+    @property
+    def num_shards(self) -> int:
+        return int(self.opened.num_shards)
+
+    @property
+    def num_documents(self) -> int:
+        return int(self.opened.num_documents)
+
+    def __len__(self) -> int:
+        return self.num_documents
+
+    def length(self, shard: int) -> int:
+        """Documents in ``shard``."""
+        return max(0, int(self.opened.shard_length("payload_offsets", int(shard))) - 1)
+
+
+class DocumentStorageReader(_DocumentFacts, SyncReaderBase):
+    """Sync reads of a document storage."""
+
+    def read(self, index: int) -> Any:
+        return self._run(self.opened.read(index))
+
+    def read_many(self, indexes: Sequence[int]) -> list[Any]:
+        return self._run(self.opened.read_many(indexes))
+
+
+class AsyncDocumentStorageReader(_DocumentFacts, AsyncReaderBase):
+    """Async reads of a document storage."""
+
+    async def read(self, index: int, *, max_concurrency: int | None = None) -> Any:
+        opened = await self._aopen()
+        return await self._run(opened.read(index), max_concurrency)
+
+    async def read_many(
+        self, indexes: Sequence[int], *, max_concurrency: int | None = None
+    ) -> list[Any]:
+        opened = await self._aopen()
+        return await self._run(opened.read_many(indexes), max_concurrency)

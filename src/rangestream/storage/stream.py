@@ -1,0 +1,237 @@
+"""``StreamStorage``: fixed-size elements (tokens, or structured rows of aligned fields).
+
+Per shard: ``stream`` (the elements) and ``record_ends`` (cumulative element count at the
+end of each record). A read of ``[global_index, global_index + length)`` over the
+concatenation of shards (in shard order) is one range request per shard touched once the
+blocks' chunk indexes are cached.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from rangestream.errors import InvalidRecordError, SchemaMismatchError
+from rangestream.io.range_reader import ReadProgram
+from rangestream.io.store import ObjectStore
+from rangestream.layout.block import ArrayLayout
+from rangestream.layout.dtypes import check_plain_dtype, dtype_from_json, dtype_to_json
+from rangestream.layout.manifest import Manifest
+from rangestream.storage.base import (
+    AsyncReaderBase,
+    OpenedStorage,
+    Storage,
+    SyncReaderBase,
+    segments,
+)
+from rangestream.storage.writing import ShardEncoder
+from rangestream.types import StreamStorageFormat
+
+_INT64 = np.dtype("<i8")
+
+
+class _StreamShardEncoder(ShardEncoder):
+    def __init__(self, storage_format: StreamStorageFormat[Any, Any, Any]) -> None:
+        self.format = storage_format
+        self.dtype = np.dtype(storage_format.stream_dtype)
+
+    def encode(self, data: Any, lengths: Mapping[str, int]) -> Mapping[str, np.ndarray]:
+        stream = self.format.pack(data)
+        check_stream_array(stream, self.dtype, type(self.format).__name__)
+        end = lengths["stream"] + len(stream)
+        return {"stream": stream, "record_ends": np.asarray([end], dtype=_INT64)}
+
+
+def check_stream_array(stream: Any, dtype: np.dtype[Any], who: str) -> None:
+    if not isinstance(stream, np.ndarray):
+        raise InvalidRecordError(f"{who}.pack must return a numpy array, got {type(stream).__name__}")
+    if stream.ndim != 1:
+        raise InvalidRecordError(f"{who}.pack returned shape {stream.shape}; streams are 1-D")
+    if stream.dtype != dtype:
+        raise InvalidRecordError(
+            f"{who}.pack returned dtype {stream.dtype}, the format's stream_dtype is {dtype}"
+        )
+
+
+class OpenedStream(OpenedStorage):
+    """Read programs of a stream storage; shared by its sync and async readers."""
+
+    def __init__(self, storage: Storage, store: ObjectStore, manifest: Manifest) -> None:
+        super().__init__(storage, store, manifest)
+        self.stream_bounds = self.bounds("stream")
+        self.total_length = int(self.stream_bounds[-1])
+        self.dtype = manifest.arrays["stream"].dtype
+        self.format: StreamStorageFormat[Any, Any, Any] = storage.storage_format  # type: ignore[attr-defined]
+
+    def check_range(self, global_index: int, length: int) -> tuple[int, int]:
+        global_index, length = int(global_index), int(length)
+        if length < 0:
+            raise ValueError(f"length must be >= 0, got {length}")
+        if global_index < 0 or global_index + length > self.total_length:
+            raise IndexError(
+                f"elements [{global_index}, {global_index + length}) are outside the stream "
+                f"of {self.total_length} elements"
+            )
+        return global_index, length
+
+    def plan(self, global_index: int, length: int) -> list[tuple[int, int, int]]:
+        """``(shard id, local start, local stop)`` segments of a global range."""
+        ids = self.manifest.shard_ids
+        return [
+            (int(ids[part]), start, stop)
+            for part, start, stop in segments(self.stream_bounds, global_index, global_index + length)
+        ]
+
+    def read_many_elements(
+        self, requests: Sequence[tuple[int, int]]
+    ) -> ReadProgram[list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
+        """Elements, segment lengths and segment shards of several reads, in one round."""
+        plans = [self.plan(*self.check_range(g, n)) for g, n in requests]
+        ranges = [
+            self.row_range(shard, "stream", start, stop)
+            for plan in plans
+            for shard, start, stop in plan
+        ]
+        parts = yield from self.rows(ranges)
+        out = []
+        position = 0
+        for plan in plans:
+            pieces = parts[position : position + len(plan)]
+            position += len(plan)
+            if pieces:
+                data = np.concatenate(pieces).reshape(-1).view(self.dtype)
+            else:
+                data = np.empty(0, dtype=self.dtype)
+            lengths = np.asarray([stop - start for _, start, stop in plan], dtype=np.int64)
+            shards = np.asarray([shard for shard, _, _ in plan], dtype=np.int64)
+            out.append((data, lengths, shards))
+        return out
+
+    def read_many(self, requests: Sequence[tuple[int, int]]) -> ReadProgram[list[Any]]:
+        results = yield from self.read_many_elements(requests)
+        return [self.format.unpack(data, lengths, shards) for data, lengths, shards in results]
+
+    def read(self, global_index: int, length: int) -> ReadProgram[Any]:
+        (result,) = yield from self.read_many([(global_index, length)])
+        return result
+
+
+class StreamStorage(Storage):
+    """Fixed-size stream elements in shards, read as windows over their concatenation.
+
+    Parameters
+    ----------
+    url
+        Where the dataset lives (local path, ``s3://``, ``memory://``, any fsspec URL).
+    storage_format
+        A ``StreamStorageFormat`` (e.g. ``StreamNumpyFormat``) defining ``stream_dtype``,
+        ``pack`` and ``unpack``. Reopen a dataset with a format of the same dtype.
+    **options
+        See ``Storage`` (storage_options, chunk and block sizes, concurrency, retries).
+    """
+
+    kind = "stream"
+    opened_class = OpenedStream
+
+    def __init__(
+        self,
+        url: str | os.PathLike[str],
+        storage_format: StreamStorageFormat[Any, Any, Any],
+        **options: Any,
+    ) -> None:
+        super().__init__(url, **options)
+        dtype = getattr(storage_format, "stream_dtype", None)
+        if not isinstance(dtype, np.dtype):
+            raise TypeError(
+                f"storage_format must have a numpy stream_dtype, got {type(storage_format).__name__}"
+            )
+        check_plain_dtype(dtype, "stream_dtype")
+        self.storage_format = storage_format
+
+    def _array_layouts(self) -> dict[str, ArrayLayout]:
+        return {
+            "stream": ArrayLayout.for_sizes(
+                self.storage_format.stream_dtype,
+                (),
+                chunk_bytes=self.chunk_bytes,
+                block_bytes=self.block_bytes,
+            ),
+            "record_ends": ArrayLayout.for_sizes(
+                _INT64, (), chunk_bytes=max(self.chunk_bytes, 8192), block_bytes=self.block_bytes
+            ),
+        }
+
+    def _schema(self) -> dict[str, Any]:
+        return {"stream_dtype": dtype_to_json(self.storage_format.stream_dtype)}
+
+    def _check_schema(self, manifest: Manifest) -> None:
+        stored = dtype_from_json(manifest.schema.get("stream_dtype"), "stored stream_dtype")
+        if stored != self.storage_format.stream_dtype:
+            raise SchemaMismatchError(
+                f"{self.url} stores stream_dtype {stored}, but the format has "
+                f"{self.storage_format.stream_dtype}"
+            )
+        if set(manifest.arrays) != {"stream", "record_ends"}:
+            raise SchemaMismatchError(f"{self.url} does not hold a stream dataset's arrays")
+
+    def _shard_encoder(self) -> ShardEncoder:
+        return _StreamShardEncoder(self.storage_format)
+
+    def sync_reader(self) -> StreamStorageReader:
+        """A reader that blocks; on a local path it reads with ``pread`` directly."""
+        return StreamStorageReader(self)
+
+    def async_reader(self) -> AsyncStreamStorageReader:
+        """A reader for ``async with``; bound to the loop that enters it."""
+        return AsyncStreamStorageReader(self)
+
+
+class _StreamFacts:
+    opened: Any
+
+    @property
+    def num_shards(self) -> int:
+        return int(self.opened.num_shards)
+
+    @property
+    def total_length(self) -> int:
+        """Elements over all shards."""
+        return int(self.opened.total_length)
+
+    def length(self, shard: int) -> int:
+        """Elements in ``shard`` (0 for a shard that was never written)."""
+        return int(self.opened.shard_length("stream", int(shard)))
+
+    def num_records(self, shard: int) -> int:
+        return int(self.opened.shard_length("record_ends", int(shard)))
+
+
+class StreamStorageReader(_StreamFacts, SyncReaderBase):
+    """Sync reads of a stream storage."""
+
+    def read(self, global_index: int, length: int) -> Any:
+        """Decode elements ``[global_index, global_index + length)`` with the format."""
+        return self._run(self.opened.read(global_index, length))
+
+    def read_many(self, requests: Sequence[tuple[int, int]]) -> list[Any]:
+        """Several ``(global_index, length)`` reads fetched together."""
+        return self._run(self.opened.read_many(requests))
+
+
+class AsyncStreamStorageReader(_StreamFacts, AsyncReaderBase):
+    """Async reads of a stream storage."""
+
+    async def read(
+        self, global_index: int, length: int, *, max_concurrency: int | None = None
+    ) -> Any:
+        opened = await self._aopen()
+        return await self._run(opened.read(global_index, length), max_concurrency)
+
+    async def read_many(
+        self, requests: Sequence[tuple[int, int]], *, max_concurrency: int | None = None
+    ) -> list[Any]:
+        opened = await self._aopen()
+        return await self._run(opened.read_many(requests), max_concurrency)

@@ -1,0 +1,377 @@
+"""Writing a dataset: buffered block uploads per shard, part manifests, one commit.
+
+A write is a *session* with a fresh commit id: every object goes under
+``data/<commit_id>/``, invisible to readers. Each writer (one per process when writing in
+parallel) owns distinct shards and, on a clean close, records what it wrote in a part
+manifest. The commit gathers the parts, checks they do not overlap, and writes the root
+``zarr.json`` last: that single atomic put is what makes the dataset exist. A session that
+fails or is abandoned leaves the previous commit (or nothing) visible.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import uuid
+from collections import deque
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from rangestream.errors import (
+    CommitError,
+    DatasetExistsError,
+    InvalidShardError,
+    MetadataError,
+    WriterClosedError,
+)
+from rangestream.io.loop import io_loop, run_sync
+from rangestream.io.store import LocalStore, ObjectStore
+from rangestream.layout.block import ArrayLayout, encode_block
+from rangestream.layout.manifest import (
+    ROOT_KEY,
+    Manifest,
+    data_prefix,
+    parse_root,
+    shard_prefix,
+)
+from rangestream.layout.zarr_json import array_document, dumps, group_document
+
+if TYPE_CHECKING:
+    from rangestream.storage.base import Storage
+
+#: Uploads in flight per writer; bounds memory to about this many blocks.
+MAX_PENDING_UPLOADS = 8
+
+
+class _Uploader:
+    """Puts objects: directly for local files, pipelined on the I/O loop otherwise."""
+
+    def __init__(self, store: ObjectStore) -> None:
+        self.store = store
+        self._pending: deque[Future[None]] = deque()
+
+    def put(self, key: str, data: bytes) -> None:
+        if isinstance(self.store, LocalStore):
+            self.store.put_sync(key, data)
+            return
+        import asyncio
+
+        while len(self._pending) >= MAX_PENDING_UPLOADS:
+            self._pending.popleft().result()
+        self._pending.append(asyncio.run_coroutine_threadsafe(self.store.put(key, data), io_loop()))
+
+    def flush(self) -> None:
+        while self._pending:
+            self._pending.popleft().result()
+
+    def drop(self) -> None:
+        for future in self._pending:
+            future.cancel()
+        self._pending.clear()
+
+
+class _ArrayWriter:
+    """Rows of one array of one shard, uploaded one full block at a time."""
+
+    def __init__(self, key: str, layout: ArrayLayout, uploader: _Uploader) -> None:
+        self.key = key
+        self.layout = layout
+        self.uploader = uploader
+        self.length = 0
+        self._buffer = bytearray()
+        self._blocks_written = 0
+
+    def append(self, rows: np.ndarray) -> None:
+        data = np.ascontiguousarray(rows).view(np.uint8).reshape(-1)
+        self._buffer += data.data
+        self.length += data.size // self.layout.row_nbytes
+        block_nbytes = self.layout.block_rows * self.layout.row_nbytes
+        while len(self._buffer) >= block_nbytes:
+            block = bytes(self._buffer[:block_nbytes])
+            del self._buffer[:block_nbytes]
+            self._upload(block)
+
+    def _upload(self, block: bytes) -> None:
+        key = self.layout.block_key(self.key, self._blocks_written)
+        self.uploader.put(key, encode_block(self.layout, block))
+        self._blocks_written += 1
+
+    def finish(self, attributes: dict[str, Any] | None = None) -> int:
+        if self._buffer:
+            self._upload(bytes(self._buffer))
+            self._buffer.clear()
+        document = array_document(self.layout, self.length, attributes)
+        self.uploader.put(f"{self.key}/zarr.json", dumps(document))
+        return self.length
+
+
+class ShardEncoder:
+    """Turns one appended record into the rows it adds to each array of a shard.
+
+    Storage kinds subclass this. ``encode`` must validate everything before returning, so
+    a bad record raises and leaves the shard untouched.
+    """
+
+    def initial_rows(self) -> Mapping[str, np.ndarray]:
+        """Rows every shard starts with (the leading 0 of an offsets array)."""
+        return {}
+
+    def encode(self, data: Any, lengths: Mapping[str, int]) -> Mapping[str, np.ndarray]:
+        raise NotImplementedError
+
+
+def check_shard(shard: Any) -> int:
+    if isinstance(shard, bool) or not isinstance(shard, (int, np.integer)):
+        raise InvalidShardError(f"shard must be a non-negative integer, got {shard!r}")
+    shard = int(shard)
+    if shard < 0:
+        raise InvalidShardError(f"shard must be a non-negative integer, got {shard}")
+    return shard
+
+
+@dataclass
+class WriteSession:
+    """One write of a dataset: a commit id that writers in any process share.
+
+    Picklable: create it in the coordinating process, hand it to workers, let each call
+    ``sync_writer()`` for its own shards, then call ``commit()`` once all are closed.
+    """
+
+    storage: Storage
+    commit_id: str
+    overwrite: bool = False
+
+    @property
+    def prefix(self) -> str:
+        return data_prefix(self.commit_id)
+
+    def sync_writer(self) -> DatasetWriter:
+        """A writer for this session; closing it records its part but commits nothing."""
+        return DatasetWriter(self)
+
+    def commit(self) -> Manifest:
+        """Publish everything the session's closed writers wrote, atomically."""
+        return run_sync(self._commit())
+
+    def abort(self) -> None:
+        """Delete everything written under this session's commit id."""
+        run_sync(self.storage._new_store().delete_prefix(self.prefix))
+
+    async def _commit(self) -> Manifest:
+        storage = self.storage
+        store = storage._new_store()
+        try:
+            exists, previous = await read_committed(store)
+            if exists and not self.overwrite:
+                raise DatasetExistsError(
+                    f"{storage.url} already holds a committed dataset; "
+                    "pass overwrite=True to replace it"
+                )
+            part_keys = [
+                key
+                for key in await store.list(f"{self.prefix}/parts")
+                if key.endswith(".json")
+            ]
+            owners: dict[int, str] = {}
+            shard_lengths: dict[int, dict[str, int]] = {}
+            for key in part_keys:
+                part = _parse_part(await store.get(key), store.describe(key))
+                for shard, lengths in part.items():
+                    if shard in owners:
+                        raise CommitError(
+                            f"shard {shard} was written by two writers ({owners[shard]} and "
+                            f"{key}); each shard must have exactly one writer"
+                        )
+                    owners[shard] = key
+                    shard_lengths[shard] = lengths
+            layouts = storage._array_layouts()
+            ids = np.asarray(sorted(shard_lengths), dtype=np.int64)
+            lengths = {
+                name: np.asarray([shard_lengths[int(s)][name] for s in ids], dtype=np.int64)
+                for name in layouts
+            }
+            extra: dict[str, Any] = {}
+            if previous is not None:
+                extra["previous_commit_id"] = previous.commit_id
+            manifest = Manifest(
+                storage.kind, self.commit_id, storage._schema(), layouts, ids, lengths, extra
+            )
+            await store.put("data/zarr.json", dumps(group_document()))
+            await store.put(f"{self.prefix}/zarr.json", dumps(group_document()))
+            await store.put(f"{self.prefix}/shards/zarr.json", dumps(group_document()))
+            await _write_index_arrays(store, self.prefix, manifest)
+            await store.put(ROOT_KEY, dumps(manifest.root_document()))
+            if previous is not None:
+                # Readers may still be on the version just replaced; the one before it goes.
+                older = previous.extra.get("previous_commit_id")
+                if isinstance(older, str) and older != self.commit_id:
+                    try:
+                        await store.delete_prefix(data_prefix(older))
+                    except Exception:  # leftover objects are garbage, not a failed commit
+                        pass
+            return manifest
+        finally:
+            await store.aclose()
+
+
+async def read_committed(store: ObjectStore) -> tuple[bool, Manifest | None]:
+    """Whether a root document exists, and its manifest if it is a readable one."""
+    try:
+        raw = await store.get(ROOT_KEY)
+    except FileNotFoundError:
+        return False, None
+    try:
+        return True, parse_root(raw, store.describe(ROOT_KEY))
+    except MetadataError:
+        return True, None
+
+
+async def _write_index_arrays(store: ObjectStore, prefix: str, manifest: Manifest) -> None:
+    """Per-shard counts as Zarr arrays too, for readers that know only Zarr."""
+    int64 = np.dtype("<i8")
+    columns = {"shard_ids": manifest.shard_ids}
+    columns.update({f"{name}_length": values for name, values in manifest.lengths.items()})
+    await store.put(f"{prefix}/index/zarr.json", dumps(group_document()))
+    for name, values in columns.items():
+        layout = ArrayLayout.for_sizes(int64, (), chunk_bytes=64 * 1024, block_bytes=1 << 22)
+        key = f"{prefix}/index/{name}"
+        data = np.ascontiguousarray(values, dtype=int64)
+        for block in range(layout.num_blocks(len(data))):
+            rows = data[block * layout.block_rows : (block + 1) * layout.block_rows]
+            await store.put(layout.block_key(key, block), encode_block(layout, rows.view(np.uint8)))
+        await store.put(f"{key}/zarr.json", dumps(array_document(layout, len(data))))
+
+
+def _parse_part(raw: bytes, where: str) -> dict[int, dict[str, int]]:
+    try:
+        document = json.loads(raw)
+        shards = document["shards"]
+        return {
+            int(shard): {str(name): int(length) for name, length in lengths.items()}
+            for shard, lengths in shards.items()
+        }
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise CommitError(f"part manifest {where} is unreadable: {error}") from error
+
+
+class DatasetWriter:
+    """Appends records to shards of one write session.
+
+    Use as a context manager. Shards may be appended to in any order and interleaved; each
+    shard's records keep their append order. On a clean exit the writer uploads what it
+    buffered and records its part; an exception inside the ``with`` block discards it.
+    """
+
+    def __init__(self, session: WriteSession) -> None:
+        self.session = session
+        self.storage = session.storage
+        self.part_id = uuid.uuid4().hex
+        self._store = self.storage._new_store()
+        self._uploader = _Uploader(self._store)
+        self._layouts = self.storage._array_layouts()
+        self._shards: dict[int, tuple[ShardEncoder, dict[str, _ArrayWriter]]] = {}
+        self._closed = False
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> DatasetWriter:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.discard()
+
+    def append(self, shard: int, data: Any) -> None:
+        """Append one record to ``shard``; validation happens before anything is written."""
+        if self._closed:
+            raise WriterClosedError("append on a closed writer")
+        shard = check_shard(shard)
+        with self._lock:
+            entry = self._shards.get(shard)
+            if entry is None:
+                encoder = self.storage._shard_encoder()
+                initial = encoder.initial_rows()
+                lengths = {name: len(initial.get(name, ())) for name in self._layouts}
+                rows_by_array = encoder.encode(data, lengths)
+                prefix = shard_prefix(self.session.commit_id, shard)
+                writers = {
+                    name: _ArrayWriter(f"{prefix}/{name}", layout, self._uploader)
+                    for name, layout in self._layouts.items()
+                }
+                for name, rows in initial.items():
+                    writers[name].append(rows)
+                entry = self._shards[shard] = (encoder, writers)
+            else:
+                encoder, writers = entry
+                lengths = {name: writer.length for name, writer in writers.items()}
+                rows_by_array = encoder.encode(data, lengths)
+            for name, rows in rows_by_array.items():
+                entry[1][name].append(rows)
+
+    def close(self) -> None:
+        """Upload the rest, write array metadata and this writer's part manifest."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            shards: dict[str, dict[str, int]] = {}
+            for shard, (_encoder, writers) in sorted(self._shards.items()):
+                lengths = {name: writer.finish(self.storage._array_attributes(name))
+                           for name, writer in writers.items()}  # fmt: skip
+                prefix = shard_prefix(self.session.commit_id, shard)
+                self._uploader.put(f"{prefix}/zarr.json", dumps(group_document()))
+                shards[str(shard)] = lengths
+            part = {"part_id": self.part_id, "shards": shards}
+            self._uploader.put(
+                f"{self.session.prefix}/parts/{self.part_id}.json", json.dumps(part).encode()
+            )
+            self._uploader.flush()
+        except BaseException:
+            self._uploader.drop()
+            raise
+        finally:
+            self._close_store()
+
+    def discard(self) -> None:
+        """Forget everything this writer buffered; its uploaded blocks stay uncommitted."""
+        self._closed = True
+        self._uploader.drop()
+        self._close_store()
+
+    def _close_store(self) -> None:
+        if isinstance(self._store, LocalStore):
+            self._store.close_files()
+        elif self._pid == os.getpid():
+            run_sync(self._store.aclose())
+
+
+class CommittingWriter(DatasetWriter):
+    """The single-process writer: commits on a clean exit, deletes its objects otherwise."""
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        try:
+            super().close()
+            self.session.commit()
+        except BaseException:
+            self.session.abort()
+            raise
+
+    def discard(self) -> None:
+        super().discard()
+        self.session.abort()
+
+
+def new_session(storage: Storage, overwrite: bool) -> WriteSession:
+    return WriteSession(storage, uuid.uuid4().hex, overwrite)
+
+
+ShardEncoderFactory = Callable[[], ShardEncoder]
