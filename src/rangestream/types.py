@@ -37,9 +37,7 @@ class StreamStorageFormat(Protocol[InDataT, OutDataT, StreamDType]):
         """The record's elements: a 1-D array of ``stream_dtype``."""
         ...
 
-    def unpack(
-        self, stream: Vector, shard_lengths: Vector, shards: Vector
-    ) -> OutDataT:
+    def unpack(self, stream: Vector, shard_lengths: Vector, shards: Vector) -> OutDataT:
         """Decode a read; segment ``i`` is ``shard_lengths[i]`` elements of ``shards[i]``."""
         ...
 

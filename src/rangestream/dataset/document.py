@@ -14,7 +14,9 @@ class DocumentDataset:
 
     def __init__(self, storage: Any) -> None:
         if getattr(storage, "kind", None) != "document":
-            raise TypeError(f"DocumentDataset needs a DocumentStorage, got {type(storage).__name__}")
+            raise TypeError(
+                f"DocumentDataset needs a DocumentStorage, got {type(storage).__name__}"
+            )
         self.storage = storage
 
     def __repr__(self) -> str:

@@ -21,7 +21,7 @@ class DocumentPickleFormat(DocumentStorageFormat[DocumentT, DocumentT], Generic[
         return pickle.dumps(data, protocol=pickle.HIGHEST_PROTOCOL)
 
     def unpack(self, encoded_data: StorageBufferTypes, shard: int) -> DocumentT:
-        return pickle.loads(encoded_data)  # noqa: S301 - documented as trusted-data-only
+        return pickle.loads(encoded_data)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), ())

@@ -51,9 +51,7 @@ class StreamNumpyFormat(StreamStorageFormat[DataT, DataT, Any], Generic[DataT]):
         for name in names:
             column = np.asarray(data[name])
             if column.ndim != 1:
-                raise InvalidRecordError(
-                    f"field {name!r} must be 1-D, got shape {column.shape}"
-                )
+                raise InvalidRecordError(f"field {name!r} must be 1-D, got shape {column.shape}")
             if length is None:
                 length = len(column)
             elif len(column) != length:

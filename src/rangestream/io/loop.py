@@ -39,9 +39,7 @@ def io_loop() -> asyncio.AbstractEventLoop:
     with _lock:
         if _loop is None or _loop_pid != pid:
             loop = asyncio.new_event_loop()
-            thread = threading.Thread(
-                target=loop.run_forever, name="rangestream-io", daemon=True
-            )
+            thread = threading.Thread(target=loop.run_forever, name="rangestream-io", daemon=True)
             thread.start()
             _loop, _loop_pid = loop, pid
     return _loop

@@ -63,8 +63,7 @@ class IOStats:
 
     def __sub__(self, other: IOStats) -> IOStats:
         kinds = {
-            kind: count - other.by_key_kind.get(kind, 0)
-            for kind, count in self.by_key_kind.items()
+            kind: count - other.by_key_kind.get(kind, 0) for kind, count in self.by_key_kind.items()
         }
         return IOStats(
             self.requests - other.requests,

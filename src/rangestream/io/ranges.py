@@ -55,9 +55,7 @@ class CoalescedRange:
     members: tuple[int, ...]
 
 
-def coalesce(
-    requests: Sequence[RangeRequest], *, gap: int, max_bytes: int
-) -> list[CoalescedRange]:
+def coalesce(requests: Sequence[RangeRequest], *, gap: int, max_bytes: int) -> list[CoalescedRange]:
     """Merge ranges of one object that lie within ``gap`` bytes of each other.
 
     Fewer, larger requests win on object stores where first-byte latency dominates; the

@@ -41,6 +41,10 @@ class ArrayLayout:
     row_shape: tuple[int, ...]
     chunk_rows: int
     block_rows: int
+    #: Every block stores its inner chunks back to back from offset 0, in order, so a
+    #: reader can compute byte ranges without fetching the block's chunk index. Our writer
+    #: always produces this; the crc32c of each chunk still guards against a wrong layout.
+    dense_chunks: bool = True
 
     def __post_init__(self) -> None:
         if self.chunk_rows < 1 or self.block_rows < self.chunk_rows:
@@ -60,12 +64,13 @@ class ArrayLayout:
         *,
         chunk_bytes: int,
         block_bytes: int,
+        dense_chunks: bool = True,
     ) -> ArrayLayout:
         """A layout whose inner chunks and blocks come close to the byte targets."""
         row_nbytes = dtype.itemsize * math.prod(row_shape)
         chunk_rows = max(1, chunk_bytes // row_nbytes)
         chunks_per_block = max(1, block_bytes // (chunk_rows * row_nbytes))
-        return cls(dtype, tuple(row_shape), chunk_rows, chunk_rows * chunks_per_block)
+        return cls(dtype, tuple(row_shape), chunk_rows, chunk_rows * chunks_per_block, dense_chunks)
 
     @property
     def row_nbytes(self) -> int:
@@ -107,6 +112,7 @@ class ArrayLayout:
             "row_shape": list(self.row_shape),
             "chunk_rows": self.chunk_rows,
             "block_rows": self.block_rows,
+            "dense_chunks": self.dense_chunks,
         }
 
     @classmethod
@@ -125,8 +131,11 @@ class ArrayLayout:
         for name, number in (("chunk_rows", chunk_rows), ("block_rows", block_rows)):
             if type(number) is not int or not 1 <= number <= 1 << 40:
                 raise MetadataError(f"{what}: {name} {number!r} is invalid")
+        dense = value.get("dense_chunks", False)
+        if not isinstance(dense, bool):
+            raise MetadataError(f"{what}: dense_chunks must be a boolean")
         layout = cls(dtype_from_json(value.get("dtype"), what), tuple(row_shape), chunk_rows,
-                     block_rows)  # fmt: skip
+                     block_rows, dense)  # fmt: skip
         if layout.row_nbytes > 1 << 28 or layout.chunk_nbytes > 1 << 31:
             raise MetadataError(f"{what}: rows or chunks are unreasonably large")
         return layout

@@ -70,7 +70,9 @@ def read_rows(
     verify_checksums: bool = True,
 ) -> ReadProgram[list[np.ndarray]]:
     """Program returning, for each range, its rows as a uint8 array ``(rows, row_nbytes)``."""
-    pieces: list[tuple[int, str, ArrayLayout, int, int, int]] = []  # (range, key, layout, block, a, b)
+    pieces: list[
+        tuple[int, str, ArrayLayout, int, int, int]
+    ] = []  # (range, key, layout, block, a, b)
     for number, row_range in enumerate(ranges):
         layout = row_range.layout
         if not 0 <= row_range.start <= row_range.stop <= row_range.length:
@@ -88,7 +90,7 @@ def read_rows(
 
     missing: dict[str, ArrayLayout] = {}
     for _, key, layout, *_rest in pieces:
-        if cache.get(key) is None and key not in missing:
+        if not layout.dense_chunks and cache.get(key) is None and key not in missing:
             missing[key] = layout
     if missing:
         keys = list(missing)
@@ -99,15 +101,19 @@ def read_rows(
     requests: list[ByteRequest] = []
     plan: list[tuple[int, ArrayLayout, str, int, int, list[tuple[int, int, int]]]] = []
     for number, key, layout, block, row, block_end in pieces:
-        index = cache.get(key)
-        if index is None:  # evicted between rounds by a tiny cache: fetch again next time
-            raise CorruptDataError(f"block index cache too small for one read ({key})")
         local_start = row - block * layout.block_rows
         local_stop = block_end - block * layout.block_rows
         first_chunk = local_start // layout.chunk_rows
         last_chunk = (local_stop - 1) // layout.chunk_rows
-        where = describe(key)  # type: ignore[operator]
-        runs = chunk_byte_runs(layout, index, first_chunk, last_chunk, str(where))
+        if layout.dense_chunks:
+            stored = layout.stored_chunk_nbytes
+            runs = [(first_chunk * stored, (last_chunk + 1) * stored, first_chunk, last_chunk)]
+        else:
+            index = cache.get(key)
+            if index is None:  # evicted between rounds by a tiny cache
+                raise CorruptDataError(f"block index cache too small for one read ({key})")
+            where = describe(key)  # type: ignore[operator]
+            runs = chunk_byte_runs(layout, index, first_chunk, last_chunk, str(where))
         run_requests = []
         for start, end, run_first, _run_last in runs:
             run_requests.append((len(requests), run_first, end - start))

@@ -45,6 +45,7 @@ DEFAULT_CHUNK_BYTES = 1024
 #: Target size of one block (one stored object).
 DEFAULT_BLOCK_BYTES = 4 * 1024 * 1024
 
+
 class Storage:
     """Base of the storage kinds; see ``StreamStorage`` and ``DocumentStorage``.
 
@@ -67,6 +68,11 @@ class Storage:
         Retry policy for transient storage errors.
     verify_checksums
         Check each inner chunk's crc32c on every read (on by default).
+    dense_chunks
+        Record in new writes that blocks are laid out densely, so readers compute byte
+        ranges without fetching chunk indexes (one request fewer on a block's first read).
+        ``False`` makes readers fetch and cache each block's chunk index, as a generic
+        Zarr reader does.
     """
 
     kind: ClassVar[str] = ""
@@ -84,13 +90,16 @@ class Storage:
         coalesce_gap: int = DEFAULT_COALESCE_GAP,
         retry: RetryPolicy | None = None,
         verify_checksums: bool = True,
+        dense_chunks: bool = True,
     ) -> None:
         if isinstance(url, os.PathLike):
             url = os.fspath(url)
         if not isinstance(url, str) or not url:
             raise TypeError(f"url must be a non-empty str or os.PathLike, got {url!r}")
         if chunk_bytes < 1 or block_bytes < chunk_bytes:
-            raise ValueError(f"need 1 <= chunk_bytes <= block_bytes, got {chunk_bytes}, {block_bytes}")
+            raise ValueError(
+                f"need 1 <= chunk_bytes <= block_bytes, got {chunk_bytes}, {block_bytes}"
+            )
         self.url = url
         self.storage_options = dict(storage_options or {})
         self.chunk_bytes = chunk_bytes
@@ -99,9 +108,26 @@ class Storage:
         self.coalesce_gap = coalesce_gap
         self.retry = retry or RetryPolicy()
         self.verify_checksums = verify_checksums
+        self.dense_chunks = dense_chunks
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
+
+    def _layout(
+        self,
+        dtype: np.dtype[Any],
+        row_shape: tuple[int, ...] = (),
+        *,
+        chunk_bytes: int | None = None,
+    ) -> ArrayLayout:
+        """The layout of a new array of this storage, from its size targets."""
+        return ArrayLayout.for_sizes(
+            np.dtype(dtype),
+            row_shape,
+            chunk_bytes=chunk_bytes or self.chunk_bytes,
+            block_bytes=max(self.block_bytes, chunk_bytes or 0),
+            dense_chunks=self.dense_chunks,
+        )
 
     # -- hooks of the storage kinds --------------------------------------------------
     def _array_layouts(self) -> dict[str, ArrayLayout]:
@@ -353,9 +379,7 @@ class AsyncReaderBase:
         self._opened = None
 
 
-def segments(
-    bounds: np.ndarray, start: int, stop: int
-) -> list[tuple[int, int, int]]:
+def segments(bounds: np.ndarray, start: int, stop: int) -> list[tuple[int, int, int]]:
     """Split global ``[start, stop)`` over consecutive parts with cumulative ``bounds``.
 
     ``bounds`` has one more entry than parts (``bounds[0] == 0``). Returns ``(part,

@@ -132,12 +132,8 @@ class DocumentStorage(Storage):
 
     def _array_layouts(self) -> dict[str, ArrayLayout]:
         return {
-            "payload_heap": ArrayLayout.for_sizes(
-                _UINT8, (), chunk_bytes=self.chunk_bytes, block_bytes=self.block_bytes
-            ),
-            "payload_offsets": ArrayLayout.for_sizes(
-                _INT64, (), chunk_bytes=max(self.chunk_bytes, 1024), block_bytes=self.block_bytes
-            ),
+            "payload_heap": self._layout(_UINT8),
+            "payload_offsets": self._layout(_INT64, chunk_bytes=max(self.chunk_bytes, 1024)),
         }
 
     def _check_schema(self, manifest: Manifest) -> None:

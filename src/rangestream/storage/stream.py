@@ -47,7 +47,9 @@ class _StreamShardEncoder(ShardEncoder):
 
 def check_stream_array(stream: Any, dtype: np.dtype[Any], who: str) -> None:
     if not isinstance(stream, np.ndarray):
-        raise InvalidRecordError(f"{who}.pack must return a numpy array, got {type(stream).__name__}")
+        raise InvalidRecordError(
+            f"{who}.pack must return a numpy array, got {type(stream).__name__}"
+        )
     if stream.ndim != 1:
         raise InvalidRecordError(f"{who}.pack returned shape {stream.shape}; streams are 1-D")
     if stream.dtype != dtype:
@@ -82,7 +84,9 @@ class OpenedStream(OpenedStorage):
         ids = self.manifest.shard_ids
         return [
             (int(ids[part]), start, stop)
-            for part, start, stop in segments(self.stream_bounds, global_index, global_index + length)
+            for part, start, stop in segments(
+                self.stream_bounds, global_index, global_index + length
+            )
         ]
 
     def read_many_elements(
@@ -146,22 +150,16 @@ class StreamStorage(Storage):
         dtype = getattr(storage_format, "stream_dtype", None)
         if not isinstance(dtype, np.dtype):
             raise TypeError(
-                f"storage_format must have a numpy stream_dtype, got {type(storage_format).__name__}"
+                "storage_format must have a numpy stream_dtype, got "
+                f"{type(storage_format).__name__}"
             )
         check_plain_dtype(dtype, "stream_dtype")
         self.storage_format = storage_format
 
     def _array_layouts(self) -> dict[str, ArrayLayout]:
         return {
-            "stream": ArrayLayout.for_sizes(
-                self.storage_format.stream_dtype,
-                (),
-                chunk_bytes=self.chunk_bytes,
-                block_bytes=self.block_bytes,
-            ),
-            "record_ends": ArrayLayout.for_sizes(
-                _INT64, (), chunk_bytes=max(self.chunk_bytes, 8192), block_bytes=self.block_bytes
-            ),
+            "stream": self._layout(self.storage_format.stream_dtype),
+            "record_ends": self._layout(_INT64, chunk_bytes=max(self.chunk_bytes, 8192)),
         }
 
     def _schema(self) -> dict[str, Any]:

@@ -10,6 +10,7 @@ fails or is abandoned leaves the previous commit (or nothing) visible.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -173,9 +174,7 @@ class WriteSession:
                     "pass overwrite=True to replace it"
                 )
             part_keys = [
-                key
-                for key in await store.list(f"{self.prefix}/parts")
-                if key.endswith(".json")
+                key for key in await store.list(f"{self.prefix}/parts") if key.endswith(".json")
             ]
             owners: dict[int, str] = {}
             shard_lengths: dict[int, dict[str, int]] = {}
@@ -210,10 +209,9 @@ class WriteSession:
                 # Readers may still be on the version just replaced; the one before it goes.
                 older = previous.extra.get("previous_commit_id")
                 if isinstance(older, str) and older != self.commit_id:
-                    try:
+                    # leftover objects are garbage, not a failed commit
+                    with contextlib.suppress(Exception):
                         await store.delete_prefix(data_prefix(older))
-                    except Exception:  # leftover objects are garbage, not a failed commit
-                        pass
             return manifest
         finally:
             await store.aclose()
