@@ -230,7 +230,6 @@ class FsspecStore(ObjectStore):
             config.setdefault("connect_timeout", 5)
             config.setdefault("read_timeout", 30)
             options["config_kwargs"] = config
-            options.setdefault("retries", 1)
         return options
 
     def _path(self, key: str) -> str:
@@ -253,6 +252,8 @@ class FsspecStore(ObjectStore):
             fs = fsspec.filesystem(
                 self.protocol, asynchronous=True, skip_instance_cache=True, **self._options()
             )
+            if self.protocol in {"s3", "s3a"}:
+                fs.retries = 1  # s3fs retries some errors itself; ours are counted instead
             if hasattr(fs, "set_session"):
                 await fs.set_session()
             self._instances[loop] = fs

@@ -1,0 +1,224 @@
+"""The range reader: exact counts, bounded concurrency, retries, short reads, cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+
+from rangestream.errors import (
+    EndpointUnreachableError,
+    MissingObjectError,
+    RetriesExhaustedError,
+    StorageError,
+)
+from rangestream.io.range_reader import RangeReader, set_process_max_concurrency
+from rangestream.io.ranges import RangeRequest, SuffixRequest
+from rangestream.io.retry import RetryPolicy
+from rangestream.io.store import FsspecStore, ObjectStore
+
+FAST_RETRY = RetryPolicy(max_attempts=4, base_delay=0.001, max_delay=0.002, request_timeout=5)
+
+
+class ScriptedStore(ObjectStore):
+    """An in-memory store whose reads can fail, stall or come back short on demand."""
+
+    def __init__(self, objects: dict[str, bytes]) -> None:
+        super().__init__("fake://bucket/ds")
+        self.objects = objects
+        self.failures: list[BaseException | Callable[[bytes], bytes]] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.delay = 0.0
+        self.calls = 0
+
+    async def _read(self, data: bytes) -> bytes:
+        self.calls += 1
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            await asyncio.sleep(self.delay)
+            if self.failures:
+                failure = self.failures.pop(0)
+                if isinstance(failure, BaseException):
+                    raise failure
+                return failure(data)
+            return data
+        finally:
+            self.in_flight -= 1
+
+    async def get_range(self, key: str, start: int, end: int) -> bytes:
+        if key not in self.objects:
+            raise FileNotFoundError(key)
+        return await self._read(self.objects[key][start:end])
+
+    async def get_suffix(self, key: str, nbytes: int) -> bytes:
+        return await self._read(self.objects[key][-nbytes:])
+
+    async def get(self, key: str) -> bytes:
+        return await self._read(self.objects[key])
+
+    async def put(self, key: str, data: bytes | memoryview) -> None:
+        self.objects[key] = bytes(data)
+
+    async def size(self, key: str) -> int:
+        return len(self.objects[key])
+
+    async def exists(self, key: str) -> bool:
+        return key in self.objects
+
+    async def list(self, prefix: str) -> list[str]:
+        return sorted(k for k in self.objects if k.startswith(prefix))
+
+    async def delete_prefix(self, prefix: str) -> None:
+        for key in await self.list(prefix):
+            del self.objects[key]
+
+
+def make_store() -> ScriptedStore:
+    return ScriptedStore({f"o{i}": bytes(range(256)) * 16 for i in range(8)})
+
+
+def test_nearby_ranges_of_one_object_cost_one_request_and_exact_bytes() -> None:
+    store = make_store()
+    reader = RangeReader(store, coalesce_gap=100, retry=FAST_RETRY)
+    requests = [RangeRequest("o1", 0, 100), RangeRequest("o1", 150, 300), SuffixRequest("o2", 16)]
+    data = asyncio.run(reader.fetch(requests))
+    assert [bytes(d) for d in data] == [
+        store.objects["o1"][0:100],
+        store.objects["o1"][150:300],
+        store.objects["o2"][-16:],
+    ]
+    assert reader.stats.requests == 2
+    assert reader.stats.bytes == 300 + 16
+
+
+def test_requests_in_flight_never_exceed_the_per_call_bound() -> None:
+    store = make_store()
+    store.delay = 0.01
+    reader = RangeReader(store, max_concurrency=3, coalesce_gap=0, retry=FAST_RETRY)
+    requests = [RangeRequest(f"o{i}", 0, 10) for i in range(8)]
+    asyncio.run(reader.fetch(requests))
+    assert store.max_in_flight == 3
+
+
+def test_the_process_bound_holds_across_concurrent_calls() -> None:
+    store = make_store()
+    store.delay = 0.01
+    set_process_max_concurrency(2)
+    try:
+        readers = [RangeReader(store, max_concurrency=8, retry=FAST_RETRY) for _ in range(3)]
+
+        async def main() -> None:
+            await asyncio.gather(
+                *(r.fetch([RangeRequest(f"o{i}", 0, 10) for i in range(8)]) for r in readers)
+            )
+
+        asyncio.run(main())
+    finally:
+        set_process_max_concurrency(64)
+    assert store.max_in_flight == 2
+
+
+def test_transient_errors_are_retried_and_counted() -> None:
+    store = make_store()
+    store.failures = [OSError("503 SlowDown"), ConnectionResetError("reset by peer")]
+    reader = RangeReader(store, retry=FAST_RETRY)
+    (data,) = asyncio.run(reader.fetch([RangeRequest("o0", 10, 20)]))
+    assert bytes(data) == store.objects["o0"][10:20]
+    assert (reader.stats.requests, reader.stats.retries) == (3, 2)
+
+
+def test_a_short_body_is_retried_rather_than_returned() -> None:
+    store = make_store()
+    store.failures = [lambda data: data[:3]]
+    reader = RangeReader(store, retry=FAST_RETRY)
+    (data,) = asyncio.run(reader.fetch([RangeRequest("o0", 0, 64)]))
+    assert bytes(data) == store.objects["o0"][:64]
+    assert reader.stats.retries == 1
+
+
+def test_exhausted_retries_name_the_url_and_the_byte_range() -> None:
+    store = make_store()
+    store.failures = [OSError("503 SlowDown")] * 10
+    reader = RangeReader(store, retry=FAST_RETRY)
+    with pytest.raises(RetriesExhaustedError, match=r"fake://bucket/ds/o3 bytes \[5, 9\)"):
+        asyncio.run(reader.fetch([RangeRequest("o3", 5, 9)]))
+    assert reader.stats.requests == FAST_RETRY.max_attempts
+
+
+def test_a_permanent_error_is_not_retried() -> None:
+    store = make_store()
+    store.failures = [PermissionError("AccessDenied")]
+    reader = RangeReader(store, retry=FAST_RETRY)
+    with pytest.raises(StorageError, match="AccessDenied"):
+        asyncio.run(reader.fetch([RangeRequest("o0", 0, 4)]))
+    assert reader.stats.requests == 1
+
+
+def test_a_missing_object_is_reported_as_missing_at_once() -> None:
+    reader = RangeReader(make_store(), retry=FAST_RETRY)
+    with pytest.raises(MissingObjectError, match="nope"):
+        asyncio.run(reader.fetch([RangeRequest("nope", 0, 4)]))
+
+
+def test_a_stalled_request_times_out_and_is_retried() -> None:
+    store = make_store()
+    reader = RangeReader(
+        store,
+        retry=RetryPolicy(max_attempts=2, base_delay=0.001, request_timeout=0.05),
+    )
+
+    async def stall(data: bytes) -> bytes:
+        await asyncio.sleep(10)
+        return data
+
+    original = store._read
+    calls = {"n": 0}
+
+    async def first_stalls(data: bytes) -> bytes:
+        calls["n"] += 1
+        return await (stall(data) if calls["n"] == 1 else original(data))
+
+    store._read = first_stalls  # type: ignore[method-assign]
+    (data,) = asyncio.run(reader.fetch([RangeRequest("o0", 0, 8)]))
+    assert bytes(data) == store.objects["o0"][:8]
+    assert reader.stats.retries == 1
+
+
+def test_cancelling_a_read_cancels_and_drains_its_requests() -> None:
+    store = make_store()
+    store.delay = 5.0
+    reader = RangeReader(store, coalesce_gap=0, retry=FAST_RETRY)
+
+    async def main() -> None:
+        task = asyncio.create_task(reader.fetch([RangeRequest(f"o{i}", 0, 4) for i in range(4)]))
+        await asyncio.sleep(0.05)
+        assert store.in_flight == 4
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert store.in_flight == 0
+
+    asyncio.run(main())
+
+
+def test_an_unreachable_endpoint_fails_with_its_name_after_bounded_retries() -> None:
+    store = FsspecStore(
+        "s3://bucket/ds",
+        {
+            "key": "k",
+            "secret": "very-secret-value",
+            "client_kwargs": {"endpoint_url": "http://127.0.0.1:9", "region_name": "us-east-1"},
+            "config_kwargs": {"connect_timeout": 0.5, "read_timeout": 0.5},
+        },
+    )
+    policy = RetryPolicy(max_attempts=2, base_delay=0.01, request_timeout=3, total_timeout=10)
+    reader = RangeReader(store, retry=policy)
+    with pytest.raises(EndpointUnreachableError) as caught:
+        asyncio.run(reader.fetch([RangeRequest("x", 0, 1)]))
+    message = str(caught.value)
+    assert "s3://bucket/ds/x" in message
+    assert "127.0.0.1:9" in message
+    assert "very-secret-value" not in message

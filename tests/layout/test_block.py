@@ -1,0 +1,82 @@
+"""Blocks are byte-identical to zarr-python's sharding codec output, and damage is caught."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from zarr.codecs import Crc32cCodec
+
+from rangestream.errors import ChecksumError, CorruptDataError
+from rangestream.layout.block import (
+    ArrayLayout,
+    chunk_byte_runs,
+    decode_chunks,
+    encode_block,
+    parse_block_index,
+)
+
+
+@pytest.mark.parametrize(
+    ("length", "chunk_rows", "block_rows", "dtype"),
+    [(10, 2, 4, "<i4"), (64, 8, 32, "<i8"), (7, 3, 9, "u1"), (33, 4, 16, "<f8")],
+)
+def test_encoded_blocks_equal_the_blocks_zarr_python_writes(
+    tmp_path: Path, length: int, chunk_rows: int, block_rows: int, dtype: str
+) -> None:
+    data = (np.arange(length) * 7 + 3).astype(dtype)
+    array = zarr.create_array(
+        tmp_path / "a",
+        shape=(length,),
+        chunks=(chunk_rows,),
+        shards=(block_rows,),
+        dtype=dtype,
+        compressors=[Crc32cCodec()],
+        fill_value=0,
+        config={"write_empty_chunks": True},
+    )
+    array[:] = data
+    layout = ArrayLayout(np.dtype(dtype), (), chunk_rows, block_rows)
+    for block in range(layout.num_blocks(length)):
+        rows = data[block * block_rows : (block + 1) * block_rows]
+        expected = (tmp_path / "a" / "c" / str(block)).read_bytes()
+        assert encode_block(layout, rows.view(np.uint8)) == expected
+
+
+def test_rows_decode_from_a_partial_read_of_a_block() -> None:
+    layout = ArrayLayout(np.dtype("<i4"), (), 4, 16)
+    data = np.arange(16, dtype="<i4")
+    block = encode_block(layout, data.view(np.uint8))
+    index = parse_block_index(layout, block[-layout.index_nbytes :], "block")
+    ((start, end, first, last),) = chunk_byte_runs(layout, index, 1, 2, "block")
+    assert (first, last) == (1, 2)
+    rows = decode_chunks(layout, block[start:end], "block").reshape(-1).view("<i4")
+    np.testing.assert_array_equal(rows, data[4:12])
+
+
+def test_a_flipped_byte_in_a_chunk_raises_a_checksum_error_naming_the_place() -> None:
+    layout = ArrayLayout(np.dtype("<i4"), (), 4, 16)
+    block = bytearray(encode_block(layout, np.arange(16, dtype="<i4").view(np.uint8)))
+    block[layout.stored_chunk_nbytes + 3] ^= 0x40
+    stored = layout.stored_chunk_nbytes
+    with pytest.raises(ChecksumError, match=r"s3://b/x bytes \[20, 40\)"):
+        decode_chunks(layout, bytes(block[stored : 2 * stored]), "s3://b/x bytes [20, 40)")
+
+
+def test_a_damaged_chunk_index_is_refused() -> None:
+    layout = ArrayLayout(np.dtype("<i4"), (), 4, 16)
+    block = bytearray(encode_block(layout, np.arange(16, dtype="<i4").view(np.uint8)))
+    block[-10] ^= 1
+    with pytest.raises(ChecksumError):
+        parse_block_index(layout, bytes(block[-layout.index_nbytes :]), "block")
+    with pytest.raises(CorruptDataError, match="expected"):
+        parse_block_index(layout, bytes(block[-layout.index_nbytes + 1 :]), "block")
+
+
+def test_a_layout_close_to_the_byte_targets_keeps_whole_rows() -> None:
+    layout = ArrayLayout.for_sizes(np.dtype("<i4"), (), chunk_bytes=1000, block_bytes=10_000)
+    assert layout.chunk_rows == 250
+    assert layout.block_rows % layout.chunk_rows == 0
+    assert layout.block_rows * 4 <= 10_000

@@ -1,0 +1,117 @@
+"""DocumentStorage: documents in global shard order, read alone or in coalesced batches."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from support.s3 import Location
+
+from rangestream import DocumentPickleFormat, DocumentStorage
+from rangestream.errors import InvalidRecordError
+from rangestream.types import DocumentStorageFormat
+
+SMALL = {"chunk_bytes": 32, "block_bytes": 256}
+
+
+class RawBytes(DocumentStorageFormat[bytes, tuple[int, bytes]]):
+    """Stores bytes as they are; unpack also reports the shard it read from."""
+
+    def pack(self, data: bytes) -> bytes:
+        return data
+
+    def unpack(self, encoded_data: Any, shard: int) -> tuple[int, bytes]:
+        return shard, bytes(encoded_data)
+
+
+@settings(
+    max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    documents=st.lists(
+        st.tuples(st.integers(0, 3), st.binary(max_size=300)), min_size=1, max_size=40
+    ),
+    picks=st.lists(st.floats(0, 1), min_size=1, max_size=10),
+)
+def test_documents_read_back_in_shard_order_with_their_shard(
+    location: Location, documents: list[tuple[int, bytes]], picks: list[float]
+) -> None:
+    url = location.child(f"docs-{abs(hash((tuple(documents), tuple(picks))))}")
+    storage = DocumentStorage(url, RawBytes(), storage_options=location.storage_options, **SMALL)
+    with storage.sync_writer(overwrite=True) as writer:
+        for shard, payload in documents:
+            writer.append(shard, payload)
+    expected = [(s, p) for shard in range(4) for s, p in documents if s == shard]
+    indexes = [int(f * (len(expected) - 1)) for f in picks]
+    with storage.sync_reader() as reader:
+        assert len(reader) == len(expected)
+        assert reader.read(indexes[0]) == expected[indexes[0]]
+        assert reader.read_many(indexes) == [expected[i] for i in indexes]
+
+
+def test_pickled_documents_round_trip_through_sync_and_async_readers(location: Location) -> None:
+    documents = [
+        {"id": i, "text": "x" * (i * 37 % 500), "values": list(range(i % 7))} for i in range(60)
+    ]
+    storage = DocumentStorage(location.child("docs"), DocumentPickleFormat(),
+                              storage_options=location.storage_options, **SMALL)  # fmt: skip
+    with storage.sync_writer() as writer:
+        for i, document in enumerate(documents):
+            writer.append(i % 3, document)
+    in_order = [d for shard in range(3) for i, d in enumerate(documents) if i % 3 == shard]
+    with storage.sync_reader() as reader:
+        assert reader.read_many(range(60)) == in_order
+
+    async def read_async() -> list[Any]:
+        async with storage.async_reader() as reader:
+            return [await reader.read(7), *(await reader.read_many([59, 0, 30]))]
+
+    assert asyncio.run(read_async()) == [in_order[7], in_order[59], in_order[0], in_order[30]]
+
+
+def test_a_batch_of_documents_costs_two_rounds_of_coalesced_requests(tmp_path: Path) -> None:
+    storage = DocumentStorage(tmp_path / "docs", RawBytes(), chunk_bytes=64, block_bytes=1 << 16)
+    with storage.sync_writer() as writer:
+        for i in range(200):
+            writer.append(0, bytes([i % 256]) * 50)
+    with storage.sync_reader() as reader:
+        before = reader.stats.copy()
+        got = reader.read_many([10, 11, 12, 13])
+        spent = reader.stats - before
+    assert [payload for _, payload in got] == [bytes([i]) * 50 for i in (10, 11, 12, 13)]
+    assert spent.by_key_kind == {"payload_offsets": 1, "payload_heap": 1}
+
+
+def test_a_pack_that_returns_no_bytes_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
+    class NotBytes(RawBytes):
+        def pack(self, data: Any) -> Any:
+            return data
+
+    storage = DocumentStorage(tmp_path / "docs", NotBytes())
+    with storage.sync_writer() as writer:
+        writer.append(0, b"ok")
+        with pytest.raises(InvalidRecordError, match="bytes"):
+            writer.append(0, "a string")
+        writer.append(0, b"fine")
+    with storage.sync_reader() as reader:
+        assert reader.read_many([0, 1]) == [(0, b"ok"), (0, b"fine")]
+
+
+def test_document_index_out_of_range_raises_index_error(tmp_path: Path) -> None:
+    storage = DocumentStorage(tmp_path / "docs", RawBytes())
+    with storage.sync_writer() as writer:
+        writer.append(0, b"a")
+    with storage.sync_reader() as reader, pytest.raises(IndexError):
+        reader.read(1)
+
+
+def test_the_pickle_format_is_marked_trusted_only() -> None:
+    doc = DocumentPickleFormat.__doc__ or ""
+    assert "trusted" in doc
+    assert DocumentPickleFormat().unpack(pickle.dumps({"a": np.int64(3)}), 0) == {"a": 3}

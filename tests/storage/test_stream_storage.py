@@ -1,0 +1,382 @@
+"""StreamStorage: writes, reads against a numpy ground truth, request contract, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import zarr
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from support.s3 import Location
+
+from rangestream import StreamNumpyFormat, StreamStorage
+from rangestream.errors import (
+    DatasetExistsError,
+    DatasetNotFoundError,
+    InvalidRecordError,
+    InvalidShardError,
+    SchemaMismatchError,
+)
+from rangestream.types import StreamStorageFormat
+
+TOKENS = np.dtype([("tokens", "<i4"), ("loss_mask", "u1")])
+SMALL = {"chunk_bytes": 40, "block_bytes": 400}  # many blocks and chunks from little data
+
+
+def make_records(seed: int, shards: int, records: int, max_len: int) -> dict[int, list[Any]]:
+    rng = np.random.default_rng(seed)
+    return {
+        shard: [
+            {
+                "tokens": rng.integers(0, 50_000, n, dtype="<i4"),
+                "loss_mask": rng.integers(0, 2, n, dtype="u1"),
+            }
+            for n in rng.integers(1, max_len, records)
+        ]
+        for shard in range(shards)
+    }
+
+
+def ground_truth(records: dict[int, list[Any]]) -> tuple[np.ndarray, np.ndarray]:
+    """Global element order is shard by shard; also returns each element's shard."""
+    tokens = np.concatenate([r["tokens"] for s in sorted(records) for r in records[s]])
+    shards = np.concatenate(
+        [np.full(len(r["tokens"]), s) for s in sorted(records) for r in records[s]]
+    )
+    return tokens, shards
+
+
+def write(storage: StreamStorage, records: dict[int, list[Any]], order: list[int]) -> None:
+    with storage.sync_writer() as writer:
+        cursors = dict.fromkeys(records, 0)
+        for shard in order:  # interleave shards in the order given
+            if cursors[shard] < len(records[shard]):
+                writer.append(shard, records[shard][cursors[shard]])
+                cursors[shard] += 1
+        for shard, recs in records.items():
+            for record in recs[cursors[shard] :]:
+                writer.append(shard, record)
+
+
+class ShardTagFormat(StreamStorageFormat[dict, dict, np.int32]):
+    """A custom format that records which shard each element came from."""
+
+    def __init__(self) -> None:
+        super().__init__(np.dtype("<i4"))
+
+    def pack(self, data: dict) -> np.ndarray:
+        return np.asarray(data["tokens"], dtype=self.stream_dtype)
+
+    def unpack(self, stream: np.ndarray, shard_lengths: np.ndarray, shards: np.ndarray) -> dict:
+        shard_ids = np.concatenate(
+            [np.full(n, s, dtype=np.int64) for n, s in zip(shard_lengths, shards, strict=True)]
+            or [np.empty(0, np.int64)]
+        )
+        return {"tokens": stream, "shard": shard_ids}
+
+
+@settings(
+    max_examples=12,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    shards=st.integers(1, 4),
+    records=st.integers(1, 6),
+    max_len=st.integers(2, 200),
+    windows=st.lists(st.tuples(st.floats(0, 1), st.integers(0, 300)), min_size=1, max_size=6),
+)
+def test_any_read_equals_the_ground_truth_and_its_segments_name_their_shards(
+    location: Location,
+    seed: int,
+    shards: int,
+    records: int,
+    max_len: int,
+    windows: list[tuple[float, int]],
+) -> None:
+    data = make_records(seed, shards, records, max_len)
+    tokens, shard_of = ground_truth(data)
+    url = location.child(f"prop-{seed}-{shards}-{records}-{max_len}")
+    storage = StreamStorage(url, ShardTagFormat(), storage_options=location.storage_options,
+                            **SMALL)  # fmt: skip
+    order = list(np.random.default_rng(seed).permutation(np.repeat(np.arange(shards), records)))
+    with storage.sync_writer(overwrite=True) as writer:
+        for shard in order:
+            writer.append(int(shard), data[int(shard)].pop(0))
+    with storage.sync_reader() as reader:
+        assert reader.total_length == len(tokens)
+        for fraction, length in windows:
+            length = min(length, len(tokens))
+            start = int(fraction * (len(tokens) - length))
+            window = reader.read(start, length)
+            np.testing.assert_array_equal(window["tokens"], tokens[start : start + length])
+            np.testing.assert_array_equal(window["shard"], shard_of[start : start + length])
+
+
+def test_structured_fields_come_back_aligned_from_sync_and_async_readers(
+    location: Location,
+) -> None:
+    records = make_records(1, 3, 4, 300)
+    tokens = np.concatenate([r["tokens"] for s in range(3) for r in records[s]])
+    masks = np.concatenate([r["loss_mask"] for s in range(3) for r in records[s]])
+    storage = StreamStorage(location.child("ds"), StreamNumpyFormat(TOKENS),
+                            storage_options=location.storage_options, **SMALL)  # fmt: skip
+    write(storage, records, [2, 0, 1, 1, 0, 2])
+    with storage.sync_reader() as raw:
+        assert raw.num_shards == 3
+        assert [raw.length(s) for s in range(3)] == [
+            sum(len(r["tokens"]) for r in records[s]) for s in range(3)
+        ]
+        out = raw.read(37, 500)
+        np.testing.assert_array_equal(out["tokens"], tokens[37:537])
+        np.testing.assert_array_equal(out["loss_mask"], masks[37:537])
+
+    async def read_async() -> dict[str, np.ndarray]:
+        async with storage.async_reader() as reader:
+            return await reader.read(11, 700)
+
+    out = asyncio.run(read_async())
+    np.testing.assert_array_equal(out["tokens"], tokens[11:711])
+    np.testing.assert_array_equal(out["loss_mask"], masks[11:711])
+
+
+def test_every_stored_array_is_a_zarr_v3_array_that_zarr_python_reads(tmp_path: Path) -> None:
+    records = make_records(2, 2, 5, 400)
+    storage = StreamStorage(tmp_path / "ds", StreamNumpyFormat(TOKENS), **SMALL)
+    write(storage, records, [0, 1])
+    group = zarr.open_group(tmp_path / "ds", mode="r")
+    attributes = group.attrs["rangestream"]
+    prefix = attributes["data_prefix"]
+    for shard in range(2):
+        stream = zarr.open_array(tmp_path / "ds" / prefix / "shards" / str(shard) / "stream")
+        rows = stream[:].view(TOKENS).reshape(-1)
+        np.testing.assert_array_equal(
+            rows["tokens"], np.concatenate([r["tokens"] for r in records[shard]])
+        )
+        ends = zarr.open_array(tmp_path / "ds" / prefix / "shards" / str(shard) / "record_ends")
+        np.testing.assert_array_equal(
+            ends[:], np.cumsum([len(r["tokens"]) for r in records[shard]])
+        )
+    lengths = zarr.open_array(tmp_path / "ds" / prefix / "index" / "stream_length")
+    np.testing.assert_array_equal(
+        lengths[:], [sum(len(r["tokens"]) for r in records[s]) for s in range(2)]
+    )
+
+
+def test_opening_costs_one_request_whatever_the_record_count(tmp_path: Path) -> None:
+    counts = []
+    for records in (3, 300):
+        storage = StreamStorage(tmp_path / f"ds{records}", ShardTagFormat(), **SMALL)
+        with storage.sync_writer() as writer:
+            for i in range(records):
+                writer.append(i % 2, {"tokens": np.arange(5, dtype="<i4")})
+        with storage.sync_reader() as reader:
+            counts.append(reader.stats.requests)
+    assert counts == [1, 1]
+
+
+@pytest.mark.parametrize("dense_chunks", [True, False])
+def test_a_window_inside_one_block_costs_one_request_once_the_block_is_known(
+    location: Location, dense_chunks: bool
+) -> None:
+    storage = StreamStorage(
+        location.child("ds"),
+        ShardTagFormat(),
+        storage_options=location.storage_options,
+        chunk_bytes=64,
+        block_bytes=4096,
+        dense_chunks=dense_chunks,
+    )
+    with storage.sync_writer() as writer:
+        writer.append(0, {"tokens": np.arange(10_000, dtype="<i4")})
+        writer.append(1, {"tokens": np.arange(10_000, 20_000, dtype="<i4")})
+    with storage.sync_reader() as reader:
+        before = reader.stats.copy()
+        reader.read(100, 200)  # block 0 of shard 0: first touch
+        first = reader.stats - before
+        before = reader.stats.copy()
+        window = reader.read(300, 200)  # same block
+        warm = reader.stats - before
+        np.testing.assert_array_equal(window["tokens"], np.arange(300, 500))
+        assert first.requests == (1 if dense_chunks else 2)
+        assert warm.requests == 1
+        # bytes fetched <= the window's bytes + two inner chunks, plus the 4-byte crc32c
+        # of every inner chunk the read touches (16 rows per chunk here)
+        chunks_touched = -(-200 // 16) + 1
+        assert warm.bytes <= 200 * 4 + 2 * (64 + 4) + 4 * chunks_touched
+        before = reader.stats.copy()
+        crossing = reader.read(9_900, 200)  # crosses from shard 0 into shard 1
+        np.testing.assert_array_equal(crossing["tokens"], np.arange(9_900, 10_100))
+        np.testing.assert_array_equal(crossing["shard"], [0] * 100 + [1] * 100)
+        spent = reader.stats - before
+        assert spent.requests == (2 if dense_chunks else 4)
+
+
+def test_an_exception_inside_the_writer_leaves_no_committed_dataset(location: Location) -> None:
+    storage = StreamStorage(location.child("ds"), ShardTagFormat(),
+                            storage_options=location.storage_options)  # fmt: skip
+    with pytest.raises(RuntimeError, match="boom"), storage.sync_writer() as writer:
+        writer.append(0, {"tokens": np.arange(10, dtype="<i4")})
+        raise RuntimeError("boom")
+    assert not storage.exists()
+    with pytest.raises(DatasetNotFoundError, match="ds"):
+        storage.sync_reader().__enter__()
+
+
+def test_writing_over_a_committed_dataset_needs_overwrite(location: Location) -> None:
+    storage = StreamStorage(location.child("ds"), ShardTagFormat(),
+                            storage_options=location.storage_options)  # fmt: skip
+    with storage.sync_writer() as writer:
+        writer.append(0, {"tokens": np.arange(10, dtype="<i4")})
+    with pytest.raises(DatasetExistsError, match="overwrite=True"):
+        storage.sync_writer()
+    with storage.sync_writer(overwrite=True) as writer:
+        writer.append(0, {"tokens": np.arange(3, dtype="<i4")})
+    with storage.sync_reader() as reader:
+        assert reader.total_length == 3
+
+
+def test_a_reader_of_the_old_version_keeps_reading_it_after_an_overwrite(tmp_path: Path) -> None:
+    storage = StreamStorage(tmp_path / "ds", ShardTagFormat())
+    with storage.sync_writer() as writer:
+        writer.append(0, {"tokens": np.arange(100, dtype="<i4")})
+    with storage.sync_reader() as old:
+        with storage.sync_writer(overwrite=True) as writer:
+            writer.append(0, {"tokens": np.arange(100, 300, dtype="<i4")})
+        np.testing.assert_array_equal(old.read(90, 10)["tokens"], np.arange(90, 100))
+    with storage.sync_reader() as new:
+        np.testing.assert_array_equal(new.read(90, 10)["tokens"], np.arange(190, 200))
+
+
+def _write_part(session: Any, shards: list[int]) -> None:
+    with session.sync_writer() as writer:
+        for shard in shards:
+            for i in range(3):
+                writer.append(shard, {"tokens": np.full(4, shard * 10 + i, dtype="<i4")})
+
+
+@pytest.mark.parametrize("start_method", ["spawn"])
+def test_two_processes_write_distinct_shards_and_one_commit_publishes_both(
+    location: Location, start_method: str
+) -> None:
+    storage = StreamStorage(location.child("ds"), ShardTagFormat(),
+                            storage_options=location.storage_options)  # fmt: skip
+    session = storage.parallel_write()
+    context = multiprocessing.get_context(start_method)
+    workers = [
+        context.Process(target=_write_part, args=(session, shards)) for shards in ([0, 2], [1])
+    ]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(120)
+        assert worker.exitcode == 0
+    assert not storage.exists()  # nothing visible before the commit
+    session.commit()
+    with storage.sync_reader() as reader:
+        tokens = reader.read(0, reader.total_length)["tokens"]
+    expected = np.concatenate([np.full(4, s * 10 + i) for s in range(3) for i in range(3)])
+    np.testing.assert_array_equal(tokens, expected)
+
+
+def test_two_writers_of_the_same_shard_make_the_commit_fail(tmp_path: Path) -> None:
+    from rangestream.errors import CommitError
+
+    storage = StreamStorage(tmp_path / "ds", ShardTagFormat())
+    session = storage.parallel_write()
+    _write_part(session, [0])
+    _write_part(session, [0])
+    with pytest.raises(CommitError, match="shard 0"):
+        session.commit()
+    assert not storage.exists()
+
+
+@pytest.mark.parametrize(
+    ("record", "message"),
+    [
+        ({"tokens": np.arange(3, dtype="<i4")}, "fields"),
+        ({"tokens": np.zeros((2, 2), "<i4"), "loss_mask": np.zeros((2, 2), "u1")}, "1-D"),
+        ({"tokens": np.arange(3, dtype="<i4"), "loss_mask": np.ones(2, "u1")}, "elements"),
+        ({"tokens": np.arange(3.5, dtype="<f8"), "loss_mask": np.ones(4, "u1")}, "dtype"),
+        ([1, 2, 3], "mapping"),
+    ],
+)
+def test_a_bad_record_is_refused_and_the_writer_stays_usable(
+    tmp_path: Path, record: Any, message: str
+) -> None:
+    storage = StreamStorage(tmp_path / "ds", StreamNumpyFormat(TOKENS))
+    with storage.sync_writer() as writer:
+        writer.append(0, {"tokens": np.arange(2, dtype="<i4"), "loss_mask": np.ones(2, "u1")})
+        with pytest.raises(InvalidRecordError, match=message):
+            writer.append(0, record)
+        writer.append(0, {"tokens": np.arange(5, 7, dtype="<i4"), "loss_mask": np.ones(2, "u1")})
+    with storage.sync_reader() as reader:
+        np.testing.assert_array_equal(reader.read(0, 4)["tokens"], [0, 1, 5, 6])
+
+
+@pytest.mark.parametrize("shard", [-1, 1.5, "0", True, None])
+def test_a_negative_or_non_integer_shard_is_refused(tmp_path: Path, shard: Any) -> None:
+    storage = StreamStorage(tmp_path / "ds", ShardTagFormat())
+    with storage.sync_writer() as writer, pytest.raises(InvalidShardError):
+        writer.append(shard, {"tokens": np.arange(2, dtype="<i4")})
+
+
+def test_a_custom_format_returning_the_wrong_dtype_is_refused(tmp_path: Path) -> None:
+    class Wrong(ShardTagFormat):
+        def pack(self, data: dict) -> np.ndarray:
+            return np.asarray(data["tokens"], dtype="<i8")
+
+    storage = StreamStorage(tmp_path / "ds", Wrong())
+    with storage.sync_writer() as writer, pytest.raises(InvalidRecordError, match="int64"):
+        writer.append(0, {"tokens": [1, 2]})
+
+
+def test_reading_past_the_end_raises_index_error(tmp_path: Path) -> None:
+    storage = StreamStorage(tmp_path / "ds", ShardTagFormat())
+    with storage.sync_writer() as writer:
+        writer.append(0, {"tokens": np.arange(10, dtype="<i4")})
+    with storage.sync_reader() as reader:
+        with pytest.raises(IndexError, match="10 elements"):
+            reader.read(5, 6)
+        with pytest.raises(IndexError):
+            reader.read(-1, 2)
+
+
+def test_a_url_without_a_dataset_raises_an_error_naming_it(location: Location) -> None:
+    url = location.child("nothing-here")
+    with pytest.raises(DatasetNotFoundError, match="nothing-here"):
+        StreamStorage(url, ShardTagFormat(), storage_options=location.storage_options
+                      ).sync_reader().__enter__()  # fmt: skip
+
+
+def test_a_format_with_another_dtype_than_the_stored_one_is_refused(tmp_path: Path) -> None:
+    storage = StreamStorage(tmp_path / "ds", ShardTagFormat())
+    with storage.sync_writer() as writer:
+        writer.append(0, {"tokens": np.arange(10, dtype="<i4")})
+    other = StreamStorage(tmp_path / "ds", StreamNumpyFormat(TOKENS))
+    with pytest.raises(SchemaMismatchError, match="stream_dtype"):
+        other.sync_reader().__enter__()
+
+
+@pytest.mark.parametrize("form", ["path", "str", "file", "memory"])
+def test_every_url_form_reads_back_what_was_written(tmp_path: Path, form: str) -> None:
+    url: Any = {
+        "path": tmp_path / "p",
+        "str": str(tmp_path / "s"),
+        "file": f"file://{tmp_path}/f",
+        "memory": f"memory://rangestream-test/{tmp_path.name}",
+    }[form]
+    storage = StreamStorage(url, ShardTagFormat(), **SMALL)
+    with storage.sync_writer() as writer:
+        writer.append(1, {"tokens": np.arange(50, dtype="<i4")})
+        writer.append(0, {"tokens": np.arange(50, 80, dtype="<i4")})
+    with storage.sync_reader() as reader:
+        np.testing.assert_array_equal(
+            reader.read(0, 80)["tokens"], np.r_[np.arange(50, 80), np.arange(50)]
+        )
