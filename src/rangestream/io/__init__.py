@@ -4,6 +4,7 @@ from rangestream.io.range_reader import (
     IOStats,
     RangeReader,
     ReadProgram,
+    process_io_stats,
     set_process_max_concurrency,
 )
 from rangestream.io.ranges import (
@@ -29,6 +30,7 @@ __all__ = [
     "RetryPolicy",
     "SuffixRequest",
     "coalesce",
+    "process_io_stats",
     "open_store",
     "set_process_max_concurrency",
 ]

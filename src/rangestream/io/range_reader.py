@@ -74,6 +74,32 @@ class IOStats:
         )
 
 
+_process_stats = IOStats()
+_process_stats_pid = os.getpid()
+
+
+def process_io_stats() -> IOStats:
+    """A snapshot of every request this process's readers made (reset in forked children).
+
+    DataLoader workers are separate processes: a collate function running in the worker
+    can attach this snapshot to its batches to report exact totals to the trainer.
+    """
+    if _process_stats_pid != os.getpid():
+        return IOStats()
+    return _process_stats.copy()
+
+
+def _bump_process_stats(key_kind: str, nbytes: int, retry: bool) -> None:
+    global _process_stats, _process_stats_pid
+    if _process_stats_pid != os.getpid():
+        _process_stats, _process_stats_pid = IOStats(), os.getpid()
+    stats = _process_stats
+    stats.requests += 1
+    stats.bytes += nbytes
+    stats.retries += int(retry)
+    stats.by_key_kind[key_kind] = stats.by_key_kind.get(key_kind, 0) + 1
+
+
 _process_slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
     weakref.WeakKeyDictionary()
 )
@@ -159,6 +185,7 @@ class RangeReader:
             stats.retries += 1
         kind = _key_kind(key)
         stats.by_key_kind[kind] = stats.by_key_kind.get(kind, 0) + 1
+        _bump_process_stats(kind, nbytes, retry)
 
     # -- one request, async -----------------------------------------------------------
     async def _fetch_one(self, request: ByteRequest, expected: int | None) -> bytes:

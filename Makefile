@@ -1,0 +1,39 @@
+# Two commands do all the set-up on a fresh machine:
+#   make demo                 # writes a token dataset locally and streams it through a DataLoader
+#   make demo URL=s3://rangestream/demo ENDPOINT=http://127.0.0.1:9000   # the same on S3/MinIO
+#   make test                 # the whole test suite (starts its own SeaweedFS S3 server)
+# Everything is installed into .venv; torch is pinned first to its CPU build so that no
+# other requirement can pull a CUDA build of several GB.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH_VERSION ?= 2.13.0
+URL ?=
+ENDPOINT ?=
+DEMO_ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: demo test lint bench install
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "torch==$(TORCH_VERSION)"
+	$(PY) -m pip install --quiet -e ".[torch,dev]"
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: $(VENV)/.installed
+	$(VENV)/bin/rangestream demo $(if $(URL),--url $(URL)) $(if $(ENDPOINT),--endpoint-url $(ENDPOINT)) $(DEMO_ARGS)
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
+
+bench: $(VENV)/.installed
+	$(PY) -m benchmarks run

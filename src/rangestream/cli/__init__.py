@@ -1,0 +1,1 @@
+"""The ``rangestream`` command line: demo, inspect (and more as storages grow)."""
