@@ -50,7 +50,8 @@ def test_local_sync_reads_start_no_event_loop_thread(tmp_path: Path) -> None:
         f"""
         import threading, numpy as np
         from rangestream import StreamStorage, StreamNumpyFormat, StreamDataset
-        storage = StreamStorage({str(tmp_path / "ds")!r}, StreamNumpyFormat(np.dtype([("t", "<i4")])))
+        fmt = StreamNumpyFormat(np.dtype([("t", "<i4")]))
+        storage = StreamStorage({str(tmp_path / "ds")!r}, fmt)
         with StreamDataset(storage, 8).sync_reader() as reader:
             window = reader[5]["t"]
         assert window.tolist() == list(range(40, 48)), window

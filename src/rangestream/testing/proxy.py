@@ -1,0 +1,615 @@
+"""An HTTP reverse proxy that adds latency, counts S3 traffic exactly, and injects faults.
+
+A local S3 server answers in microseconds and never misbehaves, so on its own it can neither
+show whether a reader overlaps its range requests nor whether it survives throttling, resets
+and short reads. Placed between a client and the server, this proxy makes each request cost a
+fixed round trip, records exactly what crossed the wire (requests by method, range GETs, body
+bytes, peak concurrency) and, when asked, misbehaves like a real object store: seeded, so a
+failing reliability test can be replayed.
+
+SigV4 signs the Host header. Clients are pointed at the proxy, so they sign for the proxy's
+host:port, and the proxy forwards that Host header unchanged; the upstream server verifies the
+signature against the same value the client signed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import random
+import re
+import socket
+import struct
+import threading
+from collections import Counter, deque
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from types import TracebackType
+from typing import Any, Protocol, Self
+from xml.sax.saxutils import escape
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+from yarl import URL
+
+__all__ = ["FaultConfig", "FaultKind", "LatencyProxy", "ProxyStats"]
+
+_CHUNK_SIZE = 256 * 1024
+# Connection-level headers describe one hop and must not be relayed (RFC 9110 7.6.1). "Expect"
+# is answered by this proxy's own server (it sends 100 Continue), and SigV4 never signs it.
+_HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "expect",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+
+
+class FaultKind(StrEnum):
+    """Failure modes seen from real object stores under load.
+
+    aiohttp (and so s3fs/aiobotocore) silently retries an idempotent request once when its
+    connection drops, so a single RESET on a GET is invisible to the caller except as an extra
+    request in the stats; inject two in a row to make a caller see one.
+    """
+
+    SLOWDOWN = "slowdown"  # 503 with an S3 <Code>SlowDown</Code> body (throttling)
+    INTERNAL_ERROR = "internal_error"  # 500 with an S3 <Code>InternalError</Code> body
+    RESET = "reset"  # TCP RST instead of any response
+    TRUNCATE = "truncate"  # full Content-Length announced, part of the body sent, then close
+    SLOW = "slow"  # correct response, but only after FaultConfig.slow_seconds
+
+
+# Fixed draw order: with a seed, the same configuration always maps a draw to the same kind.
+_DRAW_ORDER = tuple(FaultKind)
+
+
+@dataclass(frozen=True)
+class FaultConfig:
+    """Which requests fail, how often, and how; see ``LatencyProxy.set_faults``.
+
+    Probabilities are per eligible request and must sum to at most 1: one uniform draw per
+    eligible request picks at most one fault, so with a seed and requests issued one after
+    another the sequence of faults is reproducible (concurrent requests may reach the proxy
+    in a different order from run to run). A TRUNCATE drawn for a response without a
+    non-empty Content-Length (HEAD, empty objects, chunked bodies) is not applied and not
+    counted. Eligible means the method is in ``methods``
+    (``None`` = every method) and ``path_regex`` (if given) matches the decoded URL path. GETs
+    only by default so fixtures that write data are not disturbed by faults meant for reads.
+    """
+
+    slowdown: float = 0.0
+    internal_error: float = 0.0
+    reset: float = 0.0
+    truncate: float = 0.0
+    slow: float = 0.0
+    slow_seconds: float = 5.0
+    truncate_fraction: float = 0.5
+    methods: Collection[str] | None = frozenset({"GET"})
+    path_regex: str | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        total = 0.0
+        for kind in _DRAW_ORDER:
+            p = self.probability(kind)
+            if not 0.0 <= p <= 1.0:
+                raise ValueError(f"probability of {kind} must be within [0, 1], got {p}")
+            total += p
+        if total > 1.0 + 1e-9:
+            raise ValueError(f"fault probabilities sum to {total} > 1")
+        if self.slow_seconds < 0:
+            raise ValueError("slow_seconds must be >= 0")
+        if not 0.0 <= self.truncate_fraction < 1.0:
+            raise ValueError("truncate_fraction must be within [0, 1)")
+        if self.methods is not None:
+            object.__setattr__(self, "methods", frozenset(m.upper() for m in self.methods))
+        if self.path_regex is not None:
+            re.compile(self.path_regex)
+
+    def probability(self, kind: FaultKind) -> float:
+        return float(getattr(self, kind.value))
+
+    def applies_to(self, method: str, path: str) -> bool:
+        if self.methods is not None and method not in self.methods:
+            return False
+        return self.path_regex is None or re.search(self.path_regex, path) is not None
+
+
+@dataclass(frozen=True)
+class ProxyStats:
+    """A consistent snapshot of the proxy's counters.
+
+    Counters are updated before the corresponding bytes are handed to the client's socket, so
+    once a client has seen a response, the snapshot already accounts for it.
+    """
+
+    requests: int = 0
+    requests_by_method: Mapping[str, int] = field(default_factory=dict)
+    range_gets: int = 0  # GET requests that carried a Range header
+    response_bytes: int = 0  # body bytes sent to clients (any status, injected errors included)
+    responses_by_status: Mapping[int, int] = field(default_factory=dict)
+    faults: Mapping[FaultKind, int] = field(default_factory=dict)
+    delay_seconds: float = 0.0  # total latency added by `delay` (not by SLOW faults)
+    max_in_flight: int = 0  # peak number of requests being handled at the same time
+
+    def method(self, name: str) -> int:
+        return self.requests_by_method.get(name.upper(), 0)
+
+    def fault(self, kind: FaultKind) -> int:
+        return self.faults.get(kind, 0)
+
+
+class _Counters:
+    def __init__(self, in_flight: int = 0) -> None:
+        self.requests = 0
+        self.by_method: Counter[str] = Counter()
+        self.range_gets = 0
+        self.response_bytes = 0
+        self.by_status: Counter[int] = Counter()
+        self.faults: Counter[FaultKind] = Counter()
+        self.delay_seconds = 0.0
+        self.max_in_flight = in_flight
+
+    def snapshot(self) -> ProxyStats:
+        return ProxyStats(
+            requests=self.requests,
+            requests_by_method=dict(self.by_method),
+            range_gets=self.range_gets,
+            response_bytes=self.response_bytes,
+            responses_by_status=dict(self.by_status),
+            faults=dict(self.faults),
+            delay_seconds=self.delay_seconds,
+            max_in_flight=self.max_in_flight,
+        )
+
+
+class _Flight:
+    """One request's membership in the in-flight count.
+
+    It must end before the response's last byte is handed to the socket: a client that has its
+    whole response can send its next request at once, and a strictly sequential client must
+    never show up as two requests in flight.
+    """
+
+    __slots__ = ("_landed", "_proxy")
+
+    def __init__(self, proxy: LatencyProxy) -> None:
+        self._proxy = proxy
+        self._landed = False
+
+    def land(self) -> None:
+        if not self._landed:
+            self._landed = True
+            with self._proxy._lock:
+                self._proxy._in_flight -= 1
+
+
+class S3EndpointLike(Protocol):
+    """Anything that describes an S3 endpoint, e.g. ``S3Endpoint`` or ``SeaweedFSServer``."""
+
+    @property
+    def endpoint_url(self) -> str: ...
+
+    @property
+    def storage_options(self) -> dict[str, Any]: ...
+
+
+def _s3_error(code: str, message: str, resource: str, request_id: str) -> bytes:
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?>\n'
+        f"<Error><Code>{code}</Code><Message>{escape(message)}</Message>"
+        f"<Resource>{escape(resource)}</Resource><RequestId>{request_id}</RequestId></Error>"
+    ).encode()
+
+
+_ERROR_RESPONSES = {
+    FaultKind.SLOWDOWN: (503, "Slow Down", "SlowDown", "Please reduce your request rate."),
+    FaultKind.INTERNAL_ERROR: (
+        500,
+        "Internal Server Error",
+        "InternalError",
+        "We encountered an internal error. Please try again.",
+    ),
+}
+
+
+class LatencyProxy:
+    """Reverse proxy on a free loopback port, served by its own thread and event loop.
+
+    Running on a separate loop keeps it independent of whatever loop the code under test uses
+    (s3fs has its own IO thread; tests may use ``asyncio.run``), and lets synchronous tests and
+    benchmarks use it without any async plumbing. It starts in the constructor and stops in
+    ``close()`` (or at the end of a ``with`` block).
+
+    The proxy imposes no concurrency limit of its own, so ``max_in_flight`` reflects the
+    client's concurrency, not the proxy's.
+    """
+
+    def __init__(
+        self,
+        upstream: str | S3EndpointLike,
+        *,
+        delay: float = 0.02,
+        faults: FaultConfig | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        start_timeout: float = 10.0,
+    ) -> None:
+        if isinstance(upstream, str):
+            self._upstream_url = upstream
+            self._upstream_options: dict[str, Any] | None = None
+        else:
+            self._upstream_url = upstream.endpoint_url
+            self._upstream_options = upstream.storage_options
+        parsed = URL(self._upstream_url)
+        if parsed.scheme not in ("http", "https") or not parsed.host:
+            raise ValueError(f"upstream must be an http(s) URL, got {self._upstream_url!r}")
+        if parsed.raw_path not in ("", "/") or parsed.raw_query_string:
+            # SigV4 signs the path the client sent; a rewritten path could never verify.
+            raise ValueError(f"upstream must not have a path or query: {self._upstream_url!r}")
+        self._upstream_base = str(parsed.origin())
+        self._host = host
+        self.delay = delay
+
+        self._lock = threading.Lock()
+        self._in_flight = 0
+        self._counters = _Counters()
+        self._faults = FaultConfig()
+        self._rng = random.Random(self._faults.seed)
+        self._forced: deque[FaultKind] = deque()
+        self._request_seq = 0
+        if faults is not None:
+            self.set_faults(faults)
+
+        self._session: aiohttp.ClientSession | None = None
+        self._runner: web.AppRunner | None = None
+        self._port: int | None = None
+        self._closed = False
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._run_loop, name=f"LatencyProxy->{self._upstream_url}", daemon=True
+        )
+        self._thread.start()
+        try:
+            asyncio.run_coroutine_threadsafe(self._start(port), self._loop).result(start_timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- configuration ---------------------------------------------------------------------
+
+    @property
+    def delay(self) -> float:
+        """Seconds added before every request is forwarded (also before injected faults)."""
+        return self._delay
+
+    @delay.setter
+    def delay(self, seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError("delay must be >= 0")
+        self._delay = float(seconds)
+
+    @property
+    def faults(self) -> FaultConfig:
+        return self._faults
+
+    def set_faults(self, config: FaultConfig) -> None:
+        """Replace the fault configuration and restart its random sequence from ``seed``.
+
+        Pending ``fail_next`` faults are kept: they are an explicit request, not a rate.
+        """
+        with self._lock:
+            self._faults = config
+            self._rng = random.Random(config.seed)
+
+    def fail_next(self, kind: FaultKind, count: int = 1) -> None:
+        """Inject ``kind`` into the next ``count`` eligible requests, ahead of random faults.
+
+        Eligibility (methods, path_regex) follows the current ``FaultConfig``.
+        """
+        if count < 0:
+            raise ValueError("count must be >= 0")
+        with self._lock:
+            self._forced.extend([FaultKind(kind)] * count)
+
+    def clear_faults(self) -> None:
+        """Stop injecting faults: no probabilities, nothing pending."""
+        with self._lock:
+            self._faults = FaultConfig()
+            self._rng = random.Random(self._faults.seed)
+            self._forced.clear()
+
+    # -- observation -----------------------------------------------------------------------
+
+    def stats(self) -> ProxyStats:
+        with self._lock:
+            return self._counters.snapshot()
+
+    def reset_stats(self) -> None:
+        """Zero every counter; ``max_in_flight`` restarts from the requests still running."""
+        with self._lock:
+            self._counters = _Counters(in_flight=self._in_flight)
+
+    # -- addressing ------------------------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise RuntimeError("the proxy is not running")
+        return self._port
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://{self._host}:{self.port}"
+
+    @property
+    def upstream_url(self) -> str:
+        return self._upstream_url
+
+    def merge_storage_options(self, base: Mapping[str, Any]) -> dict[str, Any]:
+        """``base`` fsspec/s3fs options (deep-copied) redirected to this proxy."""
+        options = copy.deepcopy(dict(base))
+        client_kwargs = dict(options.get("client_kwargs") or {})
+        client_kwargs["endpoint_url"] = self.endpoint_url
+        options["client_kwargs"] = client_kwargs
+        options.pop("endpoint_url", None)  # s3fs also accepts it top-level; it would win
+        return options
+
+    @property
+    def storage_options(self) -> dict[str, Any]:
+        """The upstream's fsspec/s3fs options, pointed at this proxy.
+
+        Only available when the proxy was built from an endpoint object (which carries
+        credentials); with a bare URL use ``merge_storage_options``.
+        """
+        if self._upstream_options is None:
+            raise RuntimeError(
+                "the proxy was created from a bare URL; use merge_storage_options(options)"
+            )
+        return self.merge_storage_options(self._upstream_options)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop serving, drop in-flight requests, and join the thread. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._loop.is_running():
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result(15.0)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(15.0)
+        if not self._thread.is_alive():
+            self._loop.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        where = self.endpoint_url if self._port is not None else "stopped"
+        return f"LatencyProxy({where} -> {self._upstream_url}, delay={self._delay})"
+
+    # -- event-loop side -------------------------------------------------------------------
+
+    def _run_loop(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_forever()
+
+    async def _start(self, port: int) -> None:
+        self._session = aiohttp.ClientSession(
+            # No limit: the proxy must not cap the client's concurrency it is measuring.
+            connector=aiohttp.TCPConnector(limit=0),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=300),
+            # Relay bytes and headers exactly as they are: no transparent gunzip, no headers
+            # the client did not send, no cookies remembered between unrelated requests.
+            auto_decompress=False,
+            skip_auto_headers=("Accept", "Accept-Encoding", "Content-Type", "User-Agent"),
+            cookie_jar=aiohttp.DummyCookieJar(),
+        )
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        # handler_cancellation: when a client gives up (timeout), its handler stops too instead
+        # of sleeping out a SLOW fault or streaming a body nobody reads.
+        self._runner = web.AppRunner(
+            app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0
+        )
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self._host, port)
+        await site.start()
+        self._port = int(self._runner.addresses[0][1])
+
+    async def _stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._session is not None:
+            await self._session.close()
+
+    def _admit(self, request: web.Request) -> tuple[FaultKind | None, int]:
+        method = request.method.upper()
+        with self._lock:
+            counters = self._counters
+            counters.requests += 1
+            counters.by_method[method] += 1
+            if method == "GET" and "Range" in request.headers:
+                counters.range_gets += 1
+            self._in_flight += 1
+            counters.max_in_flight = max(counters.max_in_flight, self._in_flight)
+            self._request_seq += 1
+            return self._draw_fault(method, request.path), self._request_seq
+
+    def _draw_fault(self, method: str, path: str) -> FaultKind | None:
+        config = self._faults
+        if not config.applies_to(method, path):
+            return None
+        if self._forced:
+            return self._forced.popleft()
+        draw = self._rng.random()
+        threshold = 0.0
+        for kind in _DRAW_ORDER:
+            threshold += config.probability(kind)
+            if draw < threshold:
+                return kind
+        return None
+
+    def _count(
+        self,
+        *,
+        body_bytes: int = 0,
+        status: int | None = None,
+        fault: FaultKind | None = None,
+        delay: float = 0.0,
+    ) -> None:
+        with self._lock:
+            counters = self._counters
+            counters.response_bytes += body_bytes
+            counters.delay_seconds += delay
+            if status is not None:
+                counters.by_status[status] += 1
+            if fault is not None:
+                counters.faults[fault] += 1
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        fault, seq = self._admit(request)
+        flight = _Flight(self)
+        try:
+            delay = self._delay
+            if delay > 0:
+                await asyncio.sleep(delay)
+                self._count(delay=delay)
+            if fault is FaultKind.RESET:
+                return self._reset(request)
+            if fault in _ERROR_RESPONSES:
+                return self._error_response(request, fault, seq)
+            if fault is FaultKind.SLOW:
+                self._count(fault=fault)
+                await asyncio.sleep(self._faults.slow_seconds)
+            truncate = self._faults.truncate_fraction if fault is FaultKind.TRUNCATE else None
+            return await self._forward(request, truncate, flight)
+        except ConnectionError:
+            # The client went away mid-response; nothing is left to send it.
+            return web.StreamResponse()
+        finally:
+            flight.land()
+
+    def _reset(self, request: web.Request) -> web.StreamResponse:
+        transport = request.transport
+        if transport is not None:
+            sock = transport.get_extra_info("socket")
+            if sock is not None:
+                # Linger 0 turns close() into a real RST ("connection reset by peer") rather
+                # than an orderly FIN, as a crashing or overloaded server would produce.
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self._count(fault=FaultKind.RESET)
+            transport.abort()
+        # aiohttp tries to send this, finds the transport closed, and drops it silently.
+        return web.StreamResponse()
+
+    def _error_response(self, request: web.Request, fault: FaultKind, seq: int) -> web.Response:
+        status, reason, code, message = _ERROR_RESPONSES[fault]
+        request_id = f"rangestream-proxy-{seq}"
+        body = _s3_error(code, message, request.path, request_id)
+        sends_body = request.method.upper() != "HEAD"
+        self._count(body_bytes=len(body) if sends_body else 0, status=status, fault=fault)
+        return web.Response(
+            status=status,
+            reason=reason,
+            body=body,
+            headers={"Content-Type": "application/xml", "x-amz-request-id": request_id},
+        )
+
+    async def _forward(
+        self, request: web.Request, truncate_fraction: float | None, flight: _Flight
+    ) -> web.StreamResponse:
+        assert self._session is not None
+        # raw_path keeps the client's exact percent-encoding, which SigV4's canonical URI uses;
+        # encoded=True stops yarl from re-quoting it.
+        url = URL(self._upstream_base + request.raw_path, encoded=True)
+        headers = CIMultiDict(
+            (name, value)
+            for name, value in request.headers.items()
+            if name.lower() not in _HOP_BY_HOP
+        )
+        data = request.content.iter_chunked(_CHUNK_SIZE) if request.body_exists else None
+        try:
+            upstream_cm = self._session.request(
+                request.method, url, headers=headers, data=data, allow_redirects=False
+            )
+            upstream = await upstream_cm.__aenter__()
+        except aiohttp.ClientError as exc:
+            body = f"rangestream proxy: upstream {self._upstream_url} failed: {exc!r}".encode()
+            self._count(body_bytes=len(body), status=502)
+            return web.Response(status=502, body=body, content_type="text/plain")
+        try:
+            return await self._relay(request, upstream, truncate_fraction, flight)
+        finally:
+            # Releasing a partly read response closes that upstream connection (not reused).
+            await upstream_cm.__aexit__(None, None, None)
+
+    async def _relay(
+        self,
+        request: web.Request,
+        upstream: aiohttp.ClientResponse,
+        truncate_fraction: float | None,
+        flight: _Flight,
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+        for name, value in upstream.headers.items():
+            if name.lower() not in _HOP_BY_HOP:
+                response.headers.add(name, value)
+        sends_body = request.method.upper() != "HEAD"
+        length = upstream.content_length
+        cut: int | None = None
+        if truncate_fraction is not None and sends_body and length:
+            cut = min(int(length * truncate_fraction), length - 1)
+            self._count(fault=FaultKind.TRUNCATE)
+        self._count(status=upstream.status)
+        await response.prepare(request)
+        sent = 0
+        while sends_body and (cut is None or sent < cut):
+            try:
+                chunk = await upstream.content.read(_CHUNK_SIZE)
+            except aiohttp.ClientError:
+                # The upstream body broke off: pass the breakage on instead of inventing an
+                # ending, so the client sees exactly what a direct connection would show.
+                cut = sent
+                break
+            if not chunk:
+                break
+            piece = chunk if cut is None else chunk[: cut - sent]
+            self._count(body_bytes=len(piece))
+            if sent + len(piece) == (length if cut is None else cut):
+                flight.land()  # the client may be done as soon as this piece arrives
+            await response.write(piece)
+            sent += len(piece)
+        flight.land()
+        if cut is not None:
+            # close() flushes what was written, then FINs: the client got the announced
+            # Content-Length but the body ends early.
+            if request.transport is not None:
+                request.transport.close()
+            return response
+        await response.write_eof()
+        return response

@@ -1,0 +1,1 @@
+"""Helpers and fixtures shared by the test suite (importable as ``support``)."""
