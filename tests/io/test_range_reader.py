@@ -216,8 +216,15 @@ def test_an_unreachable_endpoint_fails_with_its_name_after_bounded_retries() -> 
     )
     policy = RetryPolicy(max_attempts=2, base_delay=0.01, request_timeout=3, total_timeout=10)
     reader = RangeReader(store, retry=policy)
+
+    async def fetch() -> None:
+        try:
+            await reader.fetch([RangeRequest("x", 0, 1)])
+        finally:
+            await store.aclose()
+
     with pytest.raises(EndpointUnreachableError) as caught:
-        asyncio.run(reader.fetch([RangeRequest("x", 0, 1)]))
+        asyncio.run(fetch())
     message = str(caught.value)
     assert "s3://bucket/ds/x" in message
     assert "127.0.0.1:9" in message

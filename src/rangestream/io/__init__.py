@@ -30,7 +30,7 @@ __all__ = [
     "RetryPolicy",
     "SuffixRequest",
     "coalesce",
-    "process_io_stats",
     "open_store",
+    "process_io_stats",
     "set_process_max_concurrency",
 ]

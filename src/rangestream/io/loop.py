@@ -18,13 +18,20 @@ T = TypeVar("T")
 _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
 _loop_pid: int | None = None
+_pid = os.getpid()
+
+
+def current_pid() -> int:
+    """This process's id, kept up to date across fork without a syscall per call."""
+    return _pid
 
 
 def _forget_after_fork() -> None:
-    global _loop, _loop_pid, _lock
+    global _loop, _loop_pid, _lock, _pid
     _loop = None
     _loop_pid = None
     _lock = threading.Lock()
+    _pid = os.getpid()
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)

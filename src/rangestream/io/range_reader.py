@@ -10,6 +10,7 @@ byte counts instead of timings.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import random
 import threading
@@ -26,7 +27,7 @@ from rangestream.errors import (
     RetriesExhaustedError,
     StorageError,
 )
-from rangestream.io.loop import run_sync
+from rangestream.io.loop import current_pid, run_sync
 from rangestream.io.ranges import ByteRequest, RangeRequest, SuffixRequest, coalesce
 from rangestream.io.retry import RetryPolicy, ShortReadError, is_transient, is_unreachable
 from rangestream.io.store import ObjectStore
@@ -84,15 +85,15 @@ def process_io_stats() -> IOStats:
     DataLoader workers are separate processes: a collate function running in the worker
     can attach this snapshot to its batches to report exact totals to the trainer.
     """
-    if _process_stats_pid != os.getpid():
+    if _process_stats_pid != current_pid():
         return IOStats()
     return _process_stats.copy()
 
 
 def _bump_process_stats(key_kind: str, nbytes: int, retry: bool) -> None:
     global _process_stats, _process_stats_pid
-    if _process_stats_pid != os.getpid():
-        _process_stats, _process_stats_pid = IOStats(), os.getpid()
+    if _process_stats_pid != current_pid():
+        _process_stats, _process_stats_pid = IOStats(), current_pid()
     stats = _process_stats
     stats.requests += 1
     stats.bytes += nbytes
@@ -130,6 +131,7 @@ def _process_semaphore() -> asyncio.Semaphore:
     return semaphore
 
 
+@functools.lru_cache(maxsize=4096)
 def _key_kind(key: str) -> str:
     """The array an object belongs to (``stream``, ``payload_heap``...), for the counters."""
     parts = key.split("/")
@@ -294,6 +296,9 @@ class RangeReader:
         """The sync edge: ``pread`` for local stores, the process I/O loop otherwise."""
         if not self.store.supports_sync_reads:
             return run_sync(self.fetch(requests))
+        if len(requests) == 1 and isinstance(requests[0], RangeRequest):
+            request = requests[0]
+            return [self._local_read(request, request.end - request.start)]
         results: list[bytes] = [b""] * len(requests)
         ranges = [(i, r) for i, r in enumerate(requests) if isinstance(r, RangeRequest)]
         merged = coalesce(

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from rangestream.errors import StorageError
+from rangestream.io.loop import current_pid
 
 _LOCAL_PROTOCOLS = {"file", "local"}
 
@@ -108,9 +109,9 @@ class LocalStore(ObjectStore):
 
     def _fd(self, key: str) -> int:
         with self._fd_lock:
-            if self._fd_pid != os.getpid():  # inherited from a parent: start afresh
+            if self._fd_pid != current_pid():  # inherited from a parent: start afresh
                 self._fds = OrderedDict()
-                self._fd_pid = os.getpid()
+                self._fd_pid = current_pid()
             fd = self._fds.get(key)
             if fd is not None:
                 self._fds.move_to_end(key)

@@ -8,7 +8,7 @@ the byte runs holding the rows, and returns each range's rows as a contiguous ar
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -66,43 +66,47 @@ def read_rows(
     ranges: Sequence[RowRange],
     cache: BlockIndexCache,
     *,
-    describe: object = str,
+    describe: Callable[[str], str] = str,
     verify_checksums: bool = True,
 ) -> ReadProgram[list[np.ndarray]]:
-    """Program returning, for each range, its rows as a uint8 array ``(rows, row_nbytes)``."""
-    pieces: list[
-        tuple[int, str, ArrayLayout, int, int, int]
-    ] = []  # (range, key, layout, block, a, b)
+    """Program returning, for each range, its rows as a uint8 array ``(rows, row_nbytes)``.
+
+    Every returned array is writable and owns its memory (one copy out of the fetched
+    bytes, which also drops the checksum trailers).
+    """
+    # (range number, block key, layout, first row in block, stop row in block)
+    pieces: list[tuple[int, str, ArrayLayout, int, int]] = []
     for number, row_range in enumerate(ranges):
         layout = row_range.layout
-        if not 0 <= row_range.start <= row_range.stop <= row_range.length:
+        start, stop = row_range.start, row_range.stop
+        if not 0 <= start <= stop <= row_range.length:
             raise IndexError(
-                f"rows [{row_range.start}, {row_range.stop}) outside {row_range.array_key} "
-                f"of length {row_range.length}"
+                f"rows [{start}, {stop}) outside {row_range.array_key} of length {row_range.length}"
             )
-        row = row_range.start
-        while row < row_range.stop:
-            block = row // layout.block_rows
-            block_end = min(row_range.stop, (block + 1) * layout.block_rows)
+        block_rows = layout.block_rows
+        row = start
+        while row < stop:
+            block = row // block_rows
+            base = block * block_rows
+            end = min(stop, base + block_rows)
             key = layout.block_key(row_range.array_key, block)
-            pieces.append((number, key, layout, block, row, block_end))
-            row = block_end
+            pieces.append((number, key, layout, row - base, end - base))
+            row = end
 
     missing: dict[str, ArrayLayout] = {}
-    for _, key, layout, *_rest in pieces:
-        if not layout.dense_chunks and cache.get(key) is None and key not in missing:
+    for _, key, layout, _a, _b in pieces:
+        if not layout.dense_chunks and key not in missing and cache.get(key) is None:
             missing[key] = layout
     if missing:
         keys = list(missing)
         raws = yield [SuffixRequest(key, missing[key].index_nbytes) for key in keys]
         for key, raw in zip(keys, raws, strict=True):
-            cache.put(key, parse_block_index(missing[key], raw, f"{describe(key)} chunk index"))  # type: ignore[operator]
+            where = f"{describe(key)} chunk index"
+            cache.put(key, parse_block_index(missing[key], raw, where))
 
     requests: list[ByteRequest] = []
-    plan: list[tuple[int, ArrayLayout, str, int, int, list[tuple[int, int, int]]]] = []
-    for number, key, layout, block, row, block_end in pieces:
-        local_start = row - block * layout.block_rows
-        local_stop = block_end - block * layout.block_rows
+    plan: list[tuple[int, ArrayLayout, str, int, int, int, int]] = []
+    for number, key, layout, local_start, local_stop in pieces:
         first_chunk = local_start // layout.chunk_rows
         last_chunk = (local_stop - 1) // layout.chunk_rows
         if layout.dense_chunks:
@@ -112,29 +116,33 @@ def read_rows(
             index = cache.get(key)
             if index is None:  # evicted between rounds by a tiny cache
                 raise CorruptDataError(f"block index cache too small for one read ({key})")
-            where = describe(key)  # type: ignore[operator]
-            runs = chunk_byte_runs(layout, index, first_chunk, last_chunk, str(where))
-        run_requests = []
-        for start, end, run_first, _run_last in runs:
-            run_requests.append((len(requests), run_first, end - start))
-            requests.append(RangeRequest(key, start, end))
-        plan.append((number, layout, key, local_start, local_stop, run_requests))
+            runs = chunk_byte_runs(layout, index, first_chunk, last_chunk, describe(key))
+        plan.append((number, layout, key, local_start, local_stop, len(requests), len(runs)))
+        for run_start, run_end, _first, _last in runs:
+            requests.append(RangeRequest(key, run_start, run_end))
 
     datas = (yield requests) if requests else []
     outputs: list[list[np.ndarray]] = [[] for _ in ranges]
-    for number, layout, key, local_start, local_stop, run_requests in plan:
-        parts = []
-        for request_number, _run_first, _nbytes in run_requests:
+    for number, layout, key, local_start, local_stop, first_request, run_count in plan:
+        bodies = []
+        for request_number in range(first_request, first_request + run_count):
             request = requests[request_number]
-            assert isinstance(request, RangeRequest)
-            where = f"{describe(key)} bytes [{request.start}, {request.end})"  # type: ignore[operator]
-            parts.append(
-                decode_chunks(layout, datas[request_number], where, verify=verify_checksums)
+            bodies.append(
+                decode_chunks(
+                    layout,
+                    datas[request_number],
+                    _where(describe, key, request),
+                    verify=verify_checksums,
+                )
             )
-        chunk_rows = np.concatenate(parts) if len(parts) > 1 else parts[0]
-        row_bytes = chunk_rows.reshape(-1, layout.row_nbytes)
-        skip = local_start - (local_start // layout.chunk_rows) * layout.chunk_rows
-        outputs[number].append(row_bytes[skip : skip + (local_stop - local_start)])
+        body = bodies[0] if run_count == 1 else np.concatenate(bodies)
+        skip = (local_start % layout.chunk_rows) * layout.row_nbytes
+        nbytes = (local_stop - local_start) * layout.row_nbytes
+        flat = body.reshape(-1)  # copies unless the read was a single chunk
+        rows = flat[skip : skip + nbytes]
+        if not rows.flags.writeable:
+            rows = rows.copy()
+        outputs[number].append(rows.reshape(-1, layout.row_nbytes))
     results = []
     for number, row_range in enumerate(ranges):
         found = outputs[number]
@@ -145,3 +153,9 @@ def read_rows(
         else:
             results.append(np.concatenate(found))
     return results
+
+
+def _where(describe: Callable[[str], str], key: str, request: ByteRequest) -> Callable[[], str]:
+    """The place of a request, for error messages; built only when an error is raised."""
+    assert isinstance(request, RangeRequest)
+    return lambda: f"{describe(key)} bytes [{request.start}, {request.end})"

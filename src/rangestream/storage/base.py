@@ -18,7 +18,7 @@ from rangestream.errors import (
     DatasetNotFoundError,
     MissingObjectError,
 )
-from rangestream.io.loop import run_sync
+from rangestream.io.loop import current_pid, run_sync
 from rangestream.io.range_reader import (
     DEFAULT_COALESCE_GAP,
     DEFAULT_MAX_CONCURRENCY,
@@ -145,6 +145,30 @@ class Storage:
     def _shard_encoder(self) -> ShardEncoder:
         raise NotImplementedError
 
+    def _bind_record(self, data: Any) -> Storage:
+        """The storage that writes ``data`` and every later record of one writer.
+
+        Kinds whose schema comes from the first record written (``TemporalArrayStorage``)
+        validate ``data`` and return a copy with that schema fixed; the writer then takes its
+        array layouts and encoders from the copy and records its schema in its part.
+        """
+        return self
+
+    def _bind_schema(self, schema: dict[str, Any], where: str) -> Storage:
+        """The storage that commits parts whose writers recorded ``schema`` (from ``where``).
+
+        Called once per part that carries a schema (see ``_bind_record``); a kind raises
+        ``SchemaMismatchError`` if ``schema`` differs from one it is already bound to.
+        """
+        return self
+
+    async def _write_derived_index(self, store: ObjectStore, manifest: Manifest) -> None:
+        """Write index arrays computed from the written shards, before the commit publishes.
+
+        Kinds whose readers need a compact index of the whole dataset at open override this
+        (``TemporalArrayStorage``: every record's frame end, one small array).
+        """
+
     # -- stores -------------------------------------------------------------------------
     def _new_store(self) -> ObjectStore:
         return open_store(self.url, self.storage_options)
@@ -200,6 +224,7 @@ class OpenedStorage:
         )
         self.block_indexes = BlockIndexCache()
         self._shard_position = {int(s): i for i, s in enumerate(manifest.shard_ids)}
+        self._arrays: dict[tuple[int, str], tuple[str, ArrayLayout, int]] = {}
 
     @property
     def num_shards(self) -> int:
@@ -229,13 +254,15 @@ class OpenedStorage:
         return 0 if position is None else int(self.manifest.lengths[name][position])
 
     def row_range(self, shard: int, name: str, start: int, stop: int) -> RowRange:
-        return RowRange(
-            self.manifest.array_key(shard, name),
-            self.manifest.arrays[name],
-            self.shard_length(name, shard),
-            start,
-            stop,
-        )
+        cached = self._arrays.get((shard, name))
+        if cached is None:
+            cached = self._arrays[(shard, name)] = (
+                self.manifest.array_key(shard, name),
+                self.manifest.arrays[name],
+                self.shard_length(name, shard),
+            )
+        key, layout, length = cached
+        return RowRange(key, layout, length, start, stop)
 
     def describe(self, key: str) -> str:
         return self.store.describe(key)
@@ -299,11 +326,11 @@ class SyncReaderBase:
         self._open_stats = IOStats()
 
     def _open(self) -> OpenedStorage:
-        if self._opened is None or self._pid != os.getpid():
+        if self._opened is None or self._pid != current_pid():
             store, manifest, stats = open_sync(self._storage)
             self._opened = self._make_opened(store, manifest)
             self._opened.reader.stats = stats  # the open's request counts as this reader's
-            self._pid = os.getpid()
+            self._pid = current_pid()
         return self._opened
 
     def _make_opened(self, store: ObjectStore, manifest: Manifest) -> OpenedStorage:

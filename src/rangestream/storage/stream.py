@@ -8,6 +8,7 @@ blocks' chunk indexes are cached.
 
 from __future__ import annotations
 
+import bisect
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -25,7 +26,6 @@ from rangestream.storage.base import (
     OpenedStorage,
     Storage,
     SyncReaderBase,
-    segments,
 )
 from rangestream.storage.writing import ShardEncoder
 from rangestream.types import StreamStorageFormat
@@ -65,6 +65,8 @@ class OpenedStream(OpenedStorage):
         super().__init__(storage, store, manifest)
         self.stream_bounds = self.bounds("stream")
         self.total_length = int(self.stream_bounds[-1])
+        self._bounds = [int(b) for b in self.stream_bounds]  # bisect on ints beats numpy here
+        self._ids = [int(s) for s in manifest.shard_ids]
         self.dtype = manifest.arrays["stream"].dtype
         self.format: StreamStorageFormat[Any, Any, Any] = storage.storage_format  # type: ignore[attr-defined]
 
@@ -81,13 +83,19 @@ class OpenedStream(OpenedStorage):
 
     def plan(self, global_index: int, length: int) -> list[tuple[int, int, int]]:
         """``(shard id, local start, local stop)`` segments of a global range."""
-        ids = self.manifest.shard_ids
-        return [
-            (int(ids[part]), start, stop)
-            for part, start, stop in segments(
-                self.stream_bounds, global_index, global_index + length
-            )
-        ]
+        bounds, ids = self._bounds, self._ids
+        stop = global_index + length
+        position = global_index
+        part = bisect.bisect_right(bounds, position) - 1
+        out = []
+        while position < stop:
+            while bounds[part + 1] <= position:  # skip empty shards
+                part += 1
+            part_stop = min(stop, bounds[part + 1])
+            out.append((ids[part], position - bounds[part], part_stop - bounds[part]))
+            position = part_stop
+            part += 1
+        return out
 
     def read_many_elements(
         self, requests: Sequence[tuple[int, int]]
@@ -105,7 +113,9 @@ class OpenedStream(OpenedStorage):
         for plan in plans:
             pieces = parts[position : position + len(plan)]
             position += len(plan)
-            if pieces:
+            if len(pieces) == 1:
+                data = pieces[0].reshape(-1).view(self.dtype)
+            elif pieces:
                 data = np.concatenate(pieces).reshape(-1).view(self.dtype)
             else:
                 data = np.empty(0, dtype=self.dtype)
@@ -119,8 +129,8 @@ class OpenedStream(OpenedStorage):
         return [self.format.unpack(data, lengths, shards) for data, lengths, shards in results]
 
     def read(self, global_index: int, length: int) -> ReadProgram[Any]:
-        (result,) = yield from self.read_many([(global_index, length)])
-        return result
+        ((data, lengths, shards),) = yield from self.read_many_elements([(global_index, length)])
+        return self.format.unpack(data, lengths, shards)
 
 
 class StreamStorage(Storage):

@@ -161,7 +161,15 @@ class WriteSession:
 
     def abort(self) -> None:
         """Delete everything written under this session's commit id."""
-        run_sync(self.storage._new_store().delete_prefix(self.prefix))
+
+        async def delete() -> None:
+            store = self.storage._new_store()
+            try:
+                await store.delete_prefix(self.prefix)
+            finally:
+                await store.aclose()
+
+        run_sync(delete())
 
     async def _commit(self) -> Manifest:
         storage = self.storage
@@ -179,7 +187,9 @@ class WriteSession:
             owners: dict[int, str] = {}
             shard_lengths: dict[int, dict[str, int]] = {}
             for key in part_keys:
-                part = _parse_part(await store.get(key), store.describe(key))
+                part, schema = _parse_part(await store.get(key), store.describe(key))
+                if schema is not None:
+                    storage = storage._bind_schema(schema, store.describe(key))
                 for shard, lengths in part.items():
                     if shard in owners:
                         raise CommitError(
@@ -204,6 +214,7 @@ class WriteSession:
             await store.put(f"{self.prefix}/zarr.json", dumps(group_document()))
             await store.put(f"{self.prefix}/shards/zarr.json", dumps(group_document()))
             await _write_index_arrays(store, self.prefix, manifest)
+            await storage._write_derived_index(store, manifest)
             await store.put(ROOT_KEY, dumps(manifest.root_document()))
             if previous is not None:
                 # Readers may still be on the version just replaced; the one before it goes.
@@ -245,14 +256,18 @@ async def _write_index_arrays(store: ObjectStore, prefix: str, manifest: Manifes
         await store.put(f"{key}/zarr.json", dumps(array_document(layout, len(data))))
 
 
-def _parse_part(raw: bytes, where: str) -> dict[int, dict[str, int]]:
+def _parse_part(raw: bytes, where: str) -> tuple[dict[int, dict[str, int]], dict[str, Any] | None]:
+    """A part's shard lengths, and the schema its writer bound (``Storage._bind_record``)."""
     try:
         document = json.loads(raw)
         shards = document["shards"]
+        schema = document.get("schema")
+        if schema is not None and not isinstance(schema, dict):
+            raise TypeError("schema must be an object")
         return {
             int(shard): {str(name): int(length) for name, length in lengths.items()}
             for shard, lengths in shards.items()
-        }
+        }, schema
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise CommitError(f"part manifest {where} is unreadable: {error}") from error
 
@@ -292,20 +307,27 @@ class DatasetWriter:
             raise WriterClosedError("append on a closed writer")
         shard = check_shard(shard)
         with self._lock:
+            storage, layouts = self.storage, self._layouts
+            if not self._shards:
+                # the first record may fix the schema (kept only once it is encoded)
+                storage = self.storage._bind_record(data)
+                if storage is not self.storage:
+                    layouts = storage._array_layouts()
             entry = self._shards.get(shard)
             if entry is None:
-                encoder = self.storage._shard_encoder()
+                encoder = storage._shard_encoder()
                 initial = encoder.initial_rows()
-                lengths = {name: len(initial.get(name, ())) for name in self._layouts}
+                lengths = {name: len(initial.get(name, ())) for name in layouts}
                 rows_by_array = encoder.encode(data, lengths)
                 prefix = shard_prefix(self.session.commit_id, shard)
                 writers = {
                     name: _ArrayWriter(f"{prefix}/{name}", layout, self._uploader)
-                    for name, layout in self._layouts.items()
+                    for name, layout in layouts.items()
                 }
                 for name, rows in initial.items():
                     writers[name].append(rows)
                 entry = self._shards[shard] = (encoder, writers)
+                self.storage, self._layouts = storage, layouts
             else:
                 encoder, writers = entry
                 lengths = {name: writer.length for name, writer in writers.items()}
@@ -326,7 +348,9 @@ class DatasetWriter:
                 prefix = shard_prefix(self.session.commit_id, shard)
                 self._uploader.put(f"{prefix}/zarr.json", dumps(group_document()))
                 shards[str(shard)] = lengths
-            part = {"part_id": self.part_id, "shards": shards}
+            part: dict[str, Any] = {"part_id": self.part_id, "shards": shards}
+            if self.storage is not self.session.storage:
+                part["schema"] = self.storage._schema()  # bound by the first record
             self._uploader.put(
                 f"{self.session.prefix}/parts/{self.part_id}.json", json.dumps(part).encode()
             )
