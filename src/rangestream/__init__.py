@@ -8,7 +8,12 @@ from rangestream.dataset import DocumentDataset, StreamDataset
 from rangestream.errors import RangestreamError
 from rangestream.formats import DocumentPickleFormat, StreamNumpyFormat
 from rangestream.io import IOStats, RetryPolicy, set_process_max_concurrency
-from rangestream.storage import DocumentStorage, StreamStorage, WriteSession
+from rangestream.storage import (
+    DocumentStorage,
+    StreamStorage,
+    StreamWithMetaStorage,
+    WriteSession,
+)
 
 __version__ = "0.1.0"
 
@@ -22,6 +27,7 @@ __all__ = [
     "StreamDataset",
     "StreamNumpyFormat",
     "StreamStorage",
+    "StreamWithMetaStorage",
     "WriteSession",
     "set_process_max_concurrency",
 ]

@@ -3,6 +3,14 @@
 from rangestream.storage.base import Storage
 from rangestream.storage.document import DocumentStorage
 from rangestream.storage.stream import StreamStorage
+from rangestream.storage.stream_meta import StreamWithMetaStorage
 from rangestream.storage.writing import DatasetWriter, WriteSession
 
-__all__ = ["DatasetWriter", "DocumentStorage", "Storage", "StreamStorage", "WriteSession"]
+__all__ = [
+    "DatasetWriter",
+    "DocumentStorage",
+    "Storage",
+    "StreamStorage",
+    "StreamWithMetaStorage",
+    "WriteSession",
+]
