@@ -12,10 +12,23 @@ from rangestream.storage import (
     DocumentStorage,
     StreamStorage,
     StreamWithMetaStorage,
+    TemporalArrayStorage,
     WriteSession,
+    write_records,
 )
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    # The loader needs torch; importing it lazily keeps ``import rangestream`` light for
+    # writers and readers that never touch a DataLoader.
+    if name == "StatefulDataLoader":
+        from rangestream.loader import StatefulDataLoader
+
+        return StatefulDataLoader
+    raise AttributeError(f"module 'rangestream' has no attribute {name!r}")
+
 
 __all__ = [
     "DocumentDataset",
@@ -24,10 +37,13 @@ __all__ = [
     "IOStats",
     "RangestreamError",
     "RetryPolicy",
+    "StatefulDataLoader",
     "StreamDataset",
     "StreamNumpyFormat",
     "StreamStorage",
     "StreamWithMetaStorage",
+    "TemporalArrayStorage",
     "WriteSession",
     "set_process_max_concurrency",
+    "write_records",
 ]

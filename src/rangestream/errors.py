@@ -53,8 +53,20 @@ class MissingObjectError(CorruptDataError):
     """An object the dataset's metadata refers to does not exist."""
 
 
+class TruncatedObjectError(CorruptDataError):
+    """An object is shorter than the dataset's metadata says; names the URL and byte range.
+
+    Raised when complete responses carry fewer bytes than asked for; a body cut off in
+    transit raises a transport error instead and is retried as transient.
+    """
+
+
 class MetadataError(CorruptDataError):
     """Stored metadata (group or array JSON, index arrays) is malformed or hostile."""
+
+
+class UnsafeKeyError(MetadataError):
+    """A key would leave the dataset's root (``..``, an absolute path); refused before I/O."""
 
 
 class StorageError(RangestreamError, OSError):
@@ -83,3 +95,14 @@ class StateError(RangestreamError, ValueError):
 
 class CollateError(RangestreamError, ValueError):
     """Samples of one batch cannot be combined (differing keys, shapes or lengths)."""
+
+
+class WindowError(OutOfRangeError, ValueError):
+    """A frame window is empty or does not lie within its record's frames."""
+
+
+class UnknownFieldError(RangestreamError, KeyError):
+    """A field name is not in the dataset's schema; the message lists the known fields."""
+
+    def __str__(self) -> str:  # KeyError would show the message as a quoted repr
+        return str(self.args[0]) if self.args else ""

@@ -21,15 +21,22 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from rangestream.errors import (
-    CorruptDataError,
     EndpointUnreachableError,
     MissingObjectError,
+    RangestreamError,
     RetriesExhaustedError,
     StorageError,
+    TruncatedObjectError,
 )
 from rangestream.io.loop import current_pid, run_sync
 from rangestream.io.ranges import ByteRequest, RangeRequest, SuffixRequest, coalesce
-from rangestream.io.retry import RetryPolicy, ShortReadError, is_transient, is_unreachable
+from rangestream.io.retry import (
+    RetryPolicy,
+    ShortReadError,
+    is_range_not_satisfiable,
+    is_transient,
+    is_unreachable,
+)
 from rangestream.io.store import ObjectStore
 
 T = TypeVar("T")
@@ -41,6 +48,10 @@ DEFAULT_MAX_CONCURRENCY = 16
 DEFAULT_PROCESS_MAX_CONCURRENCY = int(os.environ.get("RANGESTREAM_PROCESS_MAX_REQUESTS", "64"))
 DEFAULT_COALESCE_GAP = 64 * 1024
 DEFAULT_MAX_COALESCED_BYTES = 16 * 1024 * 1024
+#: Complete responses shorter than asked for, per request, before the object is declared
+#: truncated. A body cut off in transit raises a transport error (retried as transient);
+#: a complete short body means the object itself is short, so one repeat is enough.
+SHORT_READ_ATTEMPTS = 2
 
 
 @dataclass
@@ -194,6 +205,7 @@ class RangeReader:
         policy = self.retry
         deadline = time.monotonic() + policy.total_timeout
         last_error: BaseException | None = None
+        short_reads = 0
         for attempt in range(policy.max_attempts):
             if attempt:
                 delay = policy.backoff(attempt - 1, self._rng)
@@ -205,6 +217,9 @@ class RangeReader:
                 break
             try:
                 async with _process_semaphore():
+                    # the session is made once per loop, outside the per-request timeout
+                    await asyncio.wait_for(self.store.connect(), timeout=remaining)
+                    remaining = deadline - time.monotonic()
                     if isinstance(request, RangeRequest):
                         call = self.store.get_range(request.key, request.start, request.end)
                     elif isinstance(request, SuffixRequest):
@@ -220,23 +235,31 @@ class RangeReader:
                 raise MissingObjectError(
                     f"object {self.store.describe(request.key)} is missing"
                 ) from error
+            except RangestreamError:
+                raise  # already names what is wrong (an unsafe key, say); no request was made
             except Exception as error:
                 self._count(request.key, 0, retry=attempt > 0)
                 self.stats.failures += 1
-                if not is_transient(error):
+                if is_range_not_satisfiable(error) and expected is not None:
+                    data = b""  # the range starts past the object's end: a short read
+                elif not is_transient(error):
                     raise StorageError(
                         f"reading {_describe(self.store, request)} failed: {error}"
                     ) from error
-                last_error = error
-                continue
-            self._count(request.key, len(data), retry=attempt > 0)
-            if expected is not None and len(data) < expected:
+                else:
+                    last_error = error
+                    continue
+            else:
+                self._count(request.key, len(data), retry=attempt > 0)
+                if expected is None or len(data) >= expected:
+                    return data
                 self.stats.failures += 1
-                last_error = ShortReadError(
-                    f"got {len(data)} of {expected} bytes from {_describe(self.store, request)}"
-                )
-                continue
-            return data
+            last_error = ShortReadError(
+                f"got {len(data)} of {expected} bytes from {_describe(self.store, request)}"
+            )
+            short_reads += 1
+            if short_reads >= SHORT_READ_ATTEMPTS:
+                break
         return self._give_up(request, last_error)
 
     def _give_up(self, request: ByteRequest, error: BaseException | None) -> bytes:
@@ -247,8 +270,9 @@ class RangeReader:
                 f"{self.retry.max_attempts} attempts: {error}"
             ) from error
         if isinstance(error, ShortReadError):
-            raise RetriesExhaustedError(
-                f"short reads persisted for {where} (truncated object?): {error}"
+            raise TruncatedObjectError(
+                f"{where}: the object is shorter than the dataset's metadata says "
+                f"(truncated?): {error}"
             ) from error
         raise RetriesExhaustedError(
             f"reading {where} failed after retries "
@@ -336,9 +360,10 @@ class RangeReader:
             raise StorageError(f"reading {_describe(store, request)} failed: {error}") from error
         self._count(request.key, len(data), retry=False)
         if expected is not None and len(data) < expected:
-            raise CorruptDataError(
-                f"{_describe(store, request)} returned {len(data)} of {expected} bytes: "
-                "the object is shorter than the index says (truncated?)"
+            self.stats.failures += 1
+            raise TruncatedObjectError(
+                f"{_describe(store, request)}: the object is shorter than the dataset's "
+                f"metadata says (truncated?): got {len(data)} of {expected} bytes"
             )
         return data
 

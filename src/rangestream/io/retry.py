@@ -74,6 +74,27 @@ def is_transient(error: BaseException) -> bool:
     return False
 
 
+def is_range_not_satisfiable(error: BaseException) -> bool:
+    """True for an HTTP 416 answer: the range starts at or past the end of the object.
+
+    S3 answers a range that starts beyond the object's last byte with ``InvalidRange``
+    (s3fs raises it as ``OSError(EINVAL)``) rather than with an empty body; for a reader
+    that asked for bytes the metadata promised, both mean the object is shorter.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        response = getattr(current, "response", None)
+        if isinstance(response, dict):
+            code = (response.get("Error") or {}).get("Code")
+            status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+            if code == "InvalidRange" or status == 416:
+                return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
 def is_unreachable(error: BaseException) -> bool:
     """True when the endpoint itself could not be reached (DNS, refused, connect timeout)."""
     seen: set[int] = set()

@@ -8,6 +8,7 @@ because a sync read of a local file through an event loop costs ten times the re
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import os
 import threading
@@ -18,10 +19,32 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from rangestream.errors import StorageError
+from rangestream.errors import StorageError, UnsafeKeyError
 from rangestream.io.loop import current_pid
 
 _LOCAL_PROTOCOLS = {"file", "local"}
+_UNSAFE_PARTS = frozenset({"", ".", ".."})
+
+
+def check_key(key: str) -> str:
+    """``key`` if it names an object under the dataset root, else ``UnsafeKeyError``.
+
+    Keys are built from stored metadata (commit ids, shard numbers, array names), so a
+    hostile document must not be able to make one that climbs out of the dataset (``..``)
+    or replaces its root (an absolute path: joined to a local root, ``/etc/x`` wins).
+    The empty key is the root itself (listing or deleting everything).
+    """
+    if key == "":
+        return key
+    if (
+        not isinstance(key, str)
+        or key.startswith("/")
+        or "\\" in key
+        or "\x00" in key
+        or not _UNSAFE_PARTS.isdisjoint(key.split("/"))
+    ):
+        raise UnsafeKeyError(f"key {key!r} would leave the dataset root; refused")
+    return key
 
 
 class ObjectStore(ABC):
@@ -72,6 +95,13 @@ class ObjectStore(ABC):
     async def aclose(self) -> None:  # noqa: B027 - most stores hold nothing to release
         """Release connections held for the running loop."""
 
+    async def connect(self) -> None:  # noqa: B027 - most stores have no session to make
+        """Make the running loop's session now, so that no request's timeout pays for it.
+
+        Creating an S3 client (and resolving credentials) can take longer than a tight
+        ``RetryPolicy.request_timeout``; the range reader calls this outside that timeout.
+        """
+
     def get_range_sync(self, key: str, start: int, end: int) -> bytes:
         raise TypeError(f"{type(self).__name__} has no synchronous reads")
 
@@ -105,7 +135,7 @@ class LocalStore(ObjectStore):
         return str(self.root / key)
 
     def _path(self, key: str) -> Path:
-        return self.root / key
+        return self.root / check_key(key)
 
     def _fd(self, key: str) -> int:
         with self._fd_lock:
@@ -190,12 +220,28 @@ class LocalStore(ObjectStore):
         await asyncio.to_thread(shutil.rmtree, path, True)
 
 
+#: Async filesystems shared by every store of this process on a loop, by options.
+#: Creating an S3 client costs 150-450 ms of CPU (botocore loads its service models), so
+#: readers of one process and loop share one client and its connection pool.
+_shared_filesystems: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, Any]] = (
+    weakref.WeakKeyDictionary()
+)
+_shared_pid = os.getpid()
+
+
+def _options_key(protocol: str, options: dict[str, Any]) -> str:
+    import json
+
+    return protocol + json.dumps(options, sort_keys=True, default=repr)
+
+
 class FsspecStore(ObjectStore):
     """Objects in any fsspec filesystem; S3 and other async filesystems run natively.
 
     An async fsspec filesystem binds to the loop that first uses it and must not cross a
-    fork, so one instance is kept per (process, loop) and rebuilt when either changes.
-    Synchronous filesystems (``memory://`` and friends) run in a worker thread.
+    fork, so one instance is kept per (process, loop, options), shared by all stores, and
+    rebuilt when the process or loop changes. Synchronous filesystems (``memory://`` and
+    friends) run in a worker thread.
     """
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
@@ -225,8 +271,10 @@ class FsspecStore(ObjectStore):
         if self.protocol in {"s3", "s3a"}:
             # Our RangeReader owns retries, so it can count them and bound their time;
             # botocore's and s3fs's own retry loops would hide attempts from the counters.
+            # (botocore's "max_attempts" counts retries after the first attempt, so 1 would
+            # still retry once; "total_max_attempts" counts the first one too.)
             config = dict(options.get("config_kwargs") or {})
-            config.setdefault("retries", {"max_attempts": 1, "mode": "standard"})
+            config.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})
             config.setdefault("max_pool_connections", 128)
             config.setdefault("connect_timeout", 5)
             config.setdefault("read_timeout", 30)
@@ -234,31 +282,48 @@ class FsspecStore(ObjectStore):
         return options
 
     def _path(self, key: str) -> str:
-        return f"{self.root_path}/{key}" if key else self.root_path
+        return f"{self.root_path}/{check_key(key)}" if key else self.root_path
 
     async def _fs(self) -> Any:
         import fsspec
 
-        if self._pid != os.getpid():
+        global _shared_pid
+        if self._pid != current_pid():
             self._instances = weakref.WeakKeyDictionary()
             self._sync_instance = None
-            self._pid = os.getpid()
+            self._pid = current_pid()
         if not self._is_async:
             if self._sync_instance is None:
                 self._sync_instance = fsspec.filesystem(self.protocol, **self._options())
             return self._sync_instance
         loop = asyncio.get_running_loop()
         fs = self._instances.get(loop)
+        if fs is not None:
+            return fs
+        if _shared_pid != current_pid():
+            _shared_filesystems.clear()
+            _shared_pid = current_pid()
+        options = self._options()
+        by_options = _shared_filesystems.get(loop)
+        if by_options is None:
+            by_options = _shared_filesystems[loop] = {}
+            await _close_with_loop(by_options)
+        key = _options_key(self.protocol, options)
+        fs = by_options.get(key)
         if fs is None:
             fs = fsspec.filesystem(
-                self.protocol, asynchronous=True, skip_instance_cache=True, **self._options()
+                self.protocol, asynchronous=True, skip_instance_cache=True, **options
             )
             if self.protocol in {"s3", "s3a"}:
                 fs.retries = 1  # s3fs retries some errors itself; ours are counted instead
             if hasattr(fs, "set_session"):
                 await fs.set_session()
-            self._instances[loop] = fs
+            by_options[key] = fs
+        self._instances[loop] = fs
         return fs
+
+    async def connect(self) -> None:
+        await self._fs()
 
     async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         fs = await self._fs()
@@ -324,16 +389,60 @@ class FsspecStore(ObjectStore):
                 fs.rm(self._path(prefix), recursive=True)
 
     async def aclose(self) -> None:
+        """Forget this loop's filesystem; the shared client closes with its loop.
+
+        Other readers of the process may be using the same client, so it is not closed
+        here; ``close_loop_filesystems`` closes them all before a loop ends.
+        """
+        with contextlib.suppress(RuntimeError):
+            self._instances.pop(asyncio.get_running_loop(), None)
+
+
+async def _close_with_loop(by_options: dict[str, Any]) -> None:
+    """Close the loop's shared clients when the loop shuts down.
+
+    ``asyncio.run`` (and any orderly loop shutdown) calls ``aclose`` on every live async
+    generator before closing the loop; this one's ``finally`` closes the clients then,
+    inside the loop, so no session is left unclosed.
+    """
+
+    async def closer() -> Any:
         try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return
-        fs = self._instances.pop(loop, None)
+            yield
+        finally:
+            await close_loop_filesystems()
+
+    generator = closer()
+    await generator.__anext__()
+    by_options["__closer__"] = generator  # kept alive as long as the loop's entry
+
+
+async def close_loop_filesystems() -> None:
+    """Close the S3 clients shared on the running loop (call before the loop closes)."""
+    by_options = _shared_filesystems.pop(asyncio.get_running_loop(), {})
+    by_options.pop("__closer__", None)
+    for fs in by_options.values():
         client = getattr(fs, "_s3", None)
         if client is not None:
             # closing a half-broken session must not mask the error that broke it
             with contextlib.suppress(Exception):
                 await client.__aexit__(None, None, None)
+
+
+def _close_io_loop_filesystems() -> None:
+    """At exit, close the clients of the sync wrappers' I/O loop (a daemon thread)."""
+    from rangestream.io import loop as io_loop_module
+
+    loop = io_loop_module._loop
+    if loop is None or io_loop_module._loop_pid != os.getpid() or loop.is_closed():
+        return
+    if loop not in _shared_filesystems:
+        return
+    with contextlib.suppress(Exception):
+        asyncio.run_coroutine_threadsafe(close_loop_filesystems(), loop).result(timeout=5)
+
+
+atexit.register(_close_io_loop_filesystems)
 
 
 def open_store(

@@ -21,14 +21,27 @@ import numpy as np
 
 from rangestream.errors import MetadataError
 from rangestream.layout.block import ArrayLayout
+from rangestream.layout.dtypes import dtype_from_json
 from rangestream.layout.zarr_json import group_document
 
 FORMAT_VERSION = 1
 ROOT_KEY = "zarr.json"
 MAX_ROOT_BYTES = 512 * 1024 * 1024
 MAX_SHARDS = 1 << 24
+#: Bound on the rows of one array over all shards: cumulative sums stay far inside int64.
+MAX_TOTAL_ROWS = 1 << 60
 _COMMIT_ID = re.compile(r"^[0-9a-f]{32}$")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+_INT64 = np.dtype("<i8")
+_UINT8 = np.dtype("u1")
+#: Arrays whose rows readers reinterpret (``view``) with a fixed dtype, in the kinds whose
+#: arrays docs/format.md defines; a stored layout must match or the view would fail or lie.
+#: ``None`` stands for the schema's ``stream_dtype``. Other kinds check their own arrays.
+_VIEWED_ARRAYS: dict[str, dict[str, np.dtype[Any] | None]] = {
+    "stream": {"stream": None, "record_ends": _INT64},
+    "stream_with_meta": {"stream": None, "record_ends": _INT64, "payload_heap": _UINT8},
+    "document": {"payload_heap": _UINT8, "payload_offsets": _INT64},
+}
 
 
 def data_prefix(commit_id: str) -> str:
@@ -156,13 +169,50 @@ def parse_attributes(value: Any, where: str, expected_kind: str | None = None) -
         _require(len(values) == len(shard_ids), where, f"{name} lengths do not match shard ids")
         _require(bool((values >= 0).all()), where, f"{name} lengths must be non-negative")
         _require(bool((values < 1 << 50).all()), where, f"{name} lengths are out of range")
+        _require(
+            float(values.sum(dtype=np.float64)) < MAX_TOTAL_ROWS,
+            where,
+            f"{name} lengths add up to more than {MAX_TOTAL_ROWS} rows",
+        )
         lengths[name] = values
+    _check_viewed_arrays(kind, schema, arrays, where)
     extra = value.get("extra", {})
     _require(isinstance(extra, dict), where, "extra must be an object")
+    previous = extra.get("previous_commit_id")
+    # a writer that replaces this version deletes data/<previous>: it must name a version
+    _require(
+        previous is None
+        or (
+            isinstance(previous, str) and bool(_COMMIT_ID.match(previous)) and previous != commit_id
+        ),
+        where,
+        f"extra.previous_commit_id {previous!r} is not the 32 hex digits of an earlier commit",
+    )
     return Manifest(kind, commit_id, schema, arrays, shard_ids, lengths, extra)
 
 
+def _check_viewed_arrays(
+    kind: str, schema: dict[str, Any], arrays: dict[str, ArrayLayout], where: str
+) -> None:
+    """Refuse layouts that differ from the dtype and row shape the kind's readers view."""
+    for name, dtype in _VIEWED_ARRAYS.get(kind, {}).items():
+        layout = arrays.get(name)
+        if layout is None:
+            continue  # a missing array is the storage's SchemaMismatchError to raise
+        if dtype is None:
+            dtype = dtype_from_json(schema.get("stream_dtype"), f"{where} schema stream_dtype")
+        _require(
+            layout.dtype == dtype and layout.row_shape == (),
+            where,
+            f"array {name!r} is stored as {layout.dtype} rows of shape {layout.row_shape}, "
+            f"but a {kind!r} dataset has {dtype} elements there",
+        )
+
+
 def _int_list(value: Any, where: str) -> list[int]:
-    if not isinstance(value, list) or not all(type(item) is int for item in value):
-        raise MetadataError(f"{where} must be a list of integers")
+    """``value`` if it is a list of integers that fit in int64 (numpy would overflow)."""
+    if not isinstance(value, list) or not all(
+        type(item) is int and -(1 << 63) <= item < 1 << 63 for item in value
+    ):
+        raise MetadataError(f"{where} must be a list of 64-bit integers")
     return value

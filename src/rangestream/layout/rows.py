@@ -13,15 +13,22 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rangestream.errors import CorruptDataError
+from rangestream.errors import CorruptDataError, OutOfRangeError
 from rangestream.io.range_reader import ReadProgram
 from rangestream.io.ranges import ByteRequest, RangeRequest, SuffixRequest
 from rangestream.layout.block import (
     ArrayLayout,
+    check_chunks,
     chunk_byte_runs,
     decode_chunks,
     parse_block_index,
 )
+
+#: A read spanning more blocks than this first fetches the inner chunk holding its last
+#: row. Lengths and offsets come from stored metadata; if they are damaged or hostile
+#: (a heap "of 10**15 bytes"), the read then fails on one small request instead of first
+#: building a plan of a few hundred bytes per block it believes in.
+PROBE_BLOCKS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,13 +81,16 @@ def read_rows(
     Every returned array is writable and owns its memory (one copy out of the fetched
     bytes, which also drops the checksum trailers).
     """
+    far = [r for r in ranges if _spans_many_blocks(r)]
+    if far:
+        yield from _probe_last_rows(far, cache, describe, verify_checksums)
     # (range number, block key, layout, first row in block, stop row in block)
     pieces: list[tuple[int, str, ArrayLayout, int, int]] = []
     for number, row_range in enumerate(ranges):
         layout = row_range.layout
         start, stop = row_range.start, row_range.stop
         if not 0 <= start <= stop <= row_range.length:
-            raise IndexError(
+            raise OutOfRangeError(
                 f"rows [{start}, {stop}) outside {row_range.array_key} of length {row_range.length}"
             )
         block_rows = layout.block_rows
@@ -159,3 +169,47 @@ def _where(describe: Callable[[str], str], key: str, request: ByteRequest) -> Ca
     """The place of a request, for error messages; built only when an error is raised."""
     assert isinstance(request, RangeRequest)
     return lambda: f"{describe(key)} bytes [{request.start}, {request.end})"
+
+
+def _spans_many_blocks(row_range: RowRange) -> bool:
+    start, stop, block_rows = row_range.start, row_range.stop, row_range.layout.block_rows
+    return (
+        0 <= start < stop <= row_range.length
+        and (stop - 1) // block_rows - start // block_rows >= PROBE_BLOCKS
+    )
+
+
+def _probe_last_rows(
+    ranges: list[RowRange],
+    cache: BlockIndexCache,
+    describe: Callable[[str], str],
+    verify_checksums: bool,
+) -> ReadProgram[None]:
+    """Prove that the block holding each range's last row exists and holds that row.
+
+    Dense blocks: fetch (and verify) the inner chunk of the last row; a missing or short
+    object raises ``MissingObjectError`` or ``TruncatedObjectError``. Other blocks: fetch
+    their chunk index (kept in the cache for the read that follows) and check the chunk.
+    """
+    requests: list[ByteRequest] = []
+    for row_range in ranges:
+        layout = row_range.layout
+        block, row = divmod(row_range.stop - 1, layout.block_rows)
+        key = layout.block_key(row_range.array_key, block)
+        if layout.dense_chunks:
+            chunk = row // layout.chunk_rows
+            stored = layout.stored_chunk_nbytes
+            requests.append(RangeRequest(key, chunk * stored, (chunk + 1) * stored))
+        else:
+            requests.append(SuffixRequest(key, layout.index_nbytes))
+    datas = yield requests
+    for row_range, request, data in zip(ranges, requests, datas, strict=True):
+        layout = row_range.layout
+        if isinstance(request, RangeRequest):
+            if verify_checksums:
+                check_chunks(layout, data, _where(describe, request.key, request))
+            continue
+        index = parse_block_index(layout, data, f"{describe(request.key)} chunk index")
+        cache.put(request.key, index)
+        chunk = ((row_range.stop - 1) % layout.block_rows) // layout.chunk_rows
+        chunk_byte_runs(layout, index, chunk, chunk, describe(request.key))

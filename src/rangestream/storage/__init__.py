@@ -4,6 +4,8 @@ from rangestream.storage.base import Storage
 from rangestream.storage.document import DocumentStorage
 from rangestream.storage.stream import StreamStorage
 from rangestream.storage.stream_meta import StreamWithMetaStorage
+from rangestream.storage.temporal import TemporalArrayStorage
+from rangestream.storage.temporal_write import write_records
 from rangestream.storage.writing import DatasetWriter, WriteSession
 
 __all__ = [
@@ -12,5 +14,7 @@ __all__ = [
     "Storage",
     "StreamStorage",
     "StreamWithMetaStorage",
+    "TemporalArrayStorage",
     "WriteSession",
+    "write_records",
 ]

@@ -1,0 +1,298 @@
+"""Turn a list of samples into a batch of tensors.
+
+Windows of a stream have one shape and simply stack; documents and payload-derived arrays
+(annotation concept lists, variable-length fields) do not, and must be padded to the batch
+maximum with their lengths or a mask kept so the model can ignore the padding.
+
+Structure rules of :func:`stack_collate` (also used for the fields :class:`PadCollate` does
+not pad):
+
+* numpy arrays and tensors stack along a new first axis (equal shapes required); structured
+  numpy arrays become a dict with one stacked tensor per field;
+* numpy scalars, Python ``bool``/``int``/``float`` become a 1-D tensor;
+* mappings and tuples are fixed structures: collated per key or per element;
+* everything else (lists, strings, bytes, ``None``, objects) is variable by nature and is
+  returned as a list with one entry per sample, untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from rangestream.errors import CollateError
+
+__all__ = ["Pad", "PadCollate", "length_mask", "pad_stack", "stack_collate"]
+
+
+def _describe(path: str) -> str:
+    return f"field {path!r}" if path else "samples"
+
+
+def _as_numpy(value: Any) -> np.ndarray:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().numpy()
+    return np.asarray(value)
+
+
+def _stack_arrays(values: Sequence[Any], path: str) -> Any:
+    if all(isinstance(value, torch.Tensor) for value in values):
+        shapes = {tuple(value.shape) for value in values}
+        if len(shapes) > 1:
+            raise CollateError(_shape_message(path, shapes))
+        return torch.stack(list(values))
+    arrays = [_as_numpy(value) for value in values]
+    names = arrays[0].dtype.names
+    if names:
+        return {name: _stack_arrays([a[name] for a in arrays], f"{path}.{name}") for name in names}
+    shapes = {array.shape for array in arrays}
+    if len(shapes) > 1:
+        raise CollateError(_shape_message(path, shapes))
+    # np.stack copies into a fresh writable array, which torch.from_numpy can share safely.
+    return torch.from_numpy(np.stack(arrays))
+
+
+def _shape_message(path: str, shapes: set[tuple[int, ...]]) -> str:
+    listed = ", ".join(str(shape) for shape in sorted(shapes))
+    return (
+        f"cannot stack {_describe(path)}: shapes {listed} differ within one batch; pad it, "
+        f"e.g. collate_fn=PadCollate({{{path.split('.')[-1]!r}: Pad()}})"
+    )
+
+
+def _collate(values: Sequence[Any], path: str) -> Any:
+    first = values[0]
+    if isinstance(first, (np.ndarray, torch.Tensor)):
+        return _stack_arrays(values, path)
+    if isinstance(first, (np.generic, bool, int, float)):
+        return torch.as_tensor(np.asarray(values))
+    if isinstance(first, Mapping):
+        keys = list(first.keys())
+        for value in values[1:]:
+            if not isinstance(value, Mapping) or set(value.keys()) != set(keys):
+                raise CollateError(
+                    f"cannot collate {_describe(path)}: samples have different keys "
+                    f"({sorted(map(str, keys))} vs "
+                    f"{sorted(map(str, value.keys())) if isinstance(value, Mapping) else value!r})"
+                )
+        return {
+            key: _collate([value[key] for value in values], f"{path}.{key}" if path else str(key))
+            for key in keys
+        }
+    if isinstance(first, tuple):
+        if any(not isinstance(value, tuple) or len(value) != len(first) for value in values):
+            raise CollateError(f"cannot collate {_describe(path)}: tuples of different lengths")
+        items = [
+            _collate([value[i] for value in values], f"{path}[{i}]") for i in range(len(first))
+        ]
+        if hasattr(first, "_fields"):
+            return type(first)(*items)
+        return tuple(items)
+    return list(values)
+
+
+def stack_collate(samples: Sequence[Any]) -> Any:
+    """Stack equal-shape fields of a batch into tensors; keep variable structures as lists.
+
+    Parameters
+    ----------
+    samples : sequence
+        Samples of one batch, all with the same structure.
+
+    Returns
+    -------
+    Any
+        The batch, following the structure rules in the module docstring.
+
+    Raises
+    ------
+    CollateError
+        If samples differ in keys or an array field differs in shape (use
+        :class:`PadCollate` for such fields).
+    """
+    if len(samples) == 0:
+        raise CollateError("cannot collate an empty batch")
+    return _collate(list(samples), "")
+
+
+def pad_stack(
+    arrays: Sequence[Any], *, axis: int = 0, value: float | bool = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pad arrays to the longest along ``axis`` and stack them.
+
+    Parameters
+    ----------
+    arrays : sequence of array_like
+        Arrays with equal ``ndim`` and equal sizes on every axis except ``axis``.
+    axis : int, default 0
+        Axis of each array (before stacking) that varies in length.
+    value : scalar, default 0
+        Fill value of the padding, cast to the arrays' common dtype.
+
+    Returns
+    -------
+    padded : torch.Tensor
+        Shaped ``(len(arrays), *shape)`` where ``shape[axis]`` is the longest length.
+    lengths : torch.Tensor
+        ``int64`` original length of each array along ``axis``.
+    """
+    if len(arrays) == 0:
+        raise CollateError("cannot pad an empty batch")
+    numpy_arrays = [_as_numpy(array) for array in arrays]
+    ndim = numpy_arrays[0].ndim
+    if ndim == 0 or any(array.ndim != ndim for array in numpy_arrays):
+        dims = sorted({array.ndim for array in numpy_arrays})
+        raise CollateError(f"pad_stack needs arrays with one common ndim >= 1, found ndim {dims}")
+    if not -ndim <= axis < ndim:
+        raise CollateError(f"pad axis {axis} is out of range for arrays with ndim {ndim}")
+    axis %= ndim
+    others = {array.shape[:axis] + array.shape[axis + 1 :] for array in numpy_arrays}
+    if len(others) > 1:
+        raise CollateError(
+            f"pad_stack pads only axis {axis}; the other axes differ: "
+            f"{sorted(array.shape for array in numpy_arrays)}"
+        )
+    lengths = np.array([array.shape[axis] for array in numpy_arrays], dtype=np.int64)
+    shape = list(numpy_arrays[0].shape)
+    shape[axis] = int(lengths.max())
+    dtype = np.result_type(*numpy_arrays)
+    try:
+        padded = np.full((len(numpy_arrays), *shape), value, dtype=dtype)
+    except (OverflowError, ValueError, TypeError) as error:
+        raise CollateError(f"pad value {value!r} does not fit dtype {dtype}: {error}") from error
+    for row, array in enumerate(numpy_arrays):
+        target = [slice(None)] * ndim
+        target[axis] = slice(0, array.shape[axis])
+        padded[(row, *target)] = array
+    return torch.from_numpy(padded), torch.from_numpy(lengths)
+
+
+def length_mask(lengths: torch.Tensor, max_length: int | None = None) -> torch.Tensor:
+    """Boolean mask, ``True`` where an element is real and ``False`` on padding.
+
+    Parameters
+    ----------
+    lengths : torch.Tensor
+        1-D lengths, one per sample.
+    max_length : int, optional
+        Width of the mask; defaults to ``lengths.max()``.
+
+    Returns
+    -------
+    torch.Tensor
+        ``bool`` tensor shaped ``(len(lengths), max_length)``.
+    """
+    lengths = torch.as_tensor(lengths, dtype=torch.int64)
+    width = int(lengths.max()) if max_length is None and len(lengths) else int(max_length or 0)
+    return torch.arange(width, dtype=torch.int64)[None, :] < lengths[:, None]
+
+
+@dataclass(frozen=True)
+class Pad:
+    """How :class:`PadCollate` pads one field.
+
+    Parameters
+    ----------
+    axis : int, default 0
+        Axis of the field (per sample) whose length varies.
+    value : scalar, default 0
+        Padding value.
+    report : {"lengths", "mask", None}, default "lengths"
+        Add ``<field>_lengths`` (``int64``, one per sample) or ``<field>_mask`` (``bool``,
+        ``(batch, max_length)``) to the batch, or nothing.
+    """
+
+    axis: int = 0
+    value: float | bool = 0
+    report: Literal["lengths", "mask"] | None = "lengths"
+
+    def __post_init__(self) -> None:
+        if self.report not in ("lengths", "mask", None):
+            raise CollateError(f"Pad.report must be 'lengths', 'mask' or None, not {self.report!r}")
+
+
+class PadCollate:
+    """Collate a batch, padding variable-length fields to the batch maximum.
+
+    Parameters
+    ----------
+    fields : Mapping[str, Pad] or Pad
+        For dict samples, the top-level fields to pad and how; every other field goes
+        through :func:`stack_collate`. For samples that are bare arrays (e.g. documents
+        stored as one array), a single :class:`Pad`.
+
+    Returns (when called)
+    ---------------------
+    For dict samples, a dict with the padded fields, any ``<field>_lengths`` /
+    ``<field>_mask`` entries, and the other fields collated. For bare arrays, ``padded``
+    alone if ``report`` is None, else the tuple ``(padded, lengths_or_mask)``.
+
+    Examples
+    --------
+    >>> collate = PadCollate({"tokens": Pad(value=-1, report="mask")})
+    >>> batch = collate([{"tokens": np.arange(2)}, {"tokens": np.arange(3)}])
+    >>> batch["tokens"].tolist(), batch["tokens_mask"].tolist()
+    ([[0, 1, -1], [0, 1, 2]], [[True, True, False], [True, True, True]])
+    """
+
+    def __init__(self, fields: Mapping[str, Pad] | Pad) -> None:
+        if isinstance(fields, Pad):
+            self.fields: Mapping[str, Pad] | Pad = fields
+        else:
+            for name, spec in fields.items():
+                if not isinstance(spec, Pad):
+                    raise CollateError(f"PadCollate field {name!r} needs a Pad, got {spec!r}")
+            self.fields = dict(fields)
+
+    def __repr__(self) -> str:
+        return f"PadCollate({self.fields!r})"
+
+    @staticmethod
+    def _pad(values: Sequence[Any], spec: Pad) -> tuple[torch.Tensor, torch.Tensor | None]:
+        padded, lengths = pad_stack(values, axis=spec.axis, value=spec.value)
+        if spec.report == "lengths":
+            return padded, lengths
+        if spec.report == "mask":
+            return padded, length_mask(lengths)
+        return padded, None
+
+    def __call__(self, samples: Sequence[Any]) -> Any:
+        if len(samples) == 0:
+            raise CollateError("cannot collate an empty batch")
+        fields = self.fields
+        if isinstance(fields, Pad):
+            padded, report = self._pad(samples, fields)
+            return padded if report is None else (padded, report)
+        if not all(isinstance(sample, Mapping) for sample in samples):
+            raise CollateError(
+                f"PadCollate with named fields {sorted(fields)} needs dict samples, got "
+                f"{type(samples[0]).__name__}"
+            )
+        missing = [name for name in fields if name not in samples[0]]
+        if missing:
+            raise CollateError(
+                f"PadCollate fields {missing} are not in the samples (keys: {sorted(samples[0])})"
+            )
+        rest = [{k: v for k, v in sample.items() if k not in fields} for sample in samples]
+        collated_rest: dict[str, Any] = stack_collate(rest) if rest[0] else {}
+        batch: dict[str, Any] = {}
+        for key in samples[0]:
+            spec = fields.get(key)
+            if spec is None:
+                batch[key] = collated_rest[key]
+                continue
+            padded, report = self._pad([sample[key] for sample in samples], spec)
+            batch[key] = padded
+            if report is not None:
+                extra = f"{key}_{spec.report}"
+                if extra in samples[0]:
+                    raise CollateError(
+                        f"PadCollate would overwrite the sample field {extra!r} with the "
+                        f"{spec.report} of {key!r}; rename one of them"
+                    )
+                batch[extra] = report
+        return batch

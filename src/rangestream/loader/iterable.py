@@ -1,0 +1,523 @@
+"""Iterable datasets that build whole batches inside DataLoader workers.
+
+Why whole batches: a worker that assembles and collates a full batch hands the DataLoader one
+object per step, so the DataLoader's worker round robin *is* the batch order and the position
+of a run is simply "steps taken" (see :mod:`rangestream.loader.plan`). Use these datasets
+with ``batch_size=None`` in a plain ``torch.utils.data.DataLoader``, or through
+:class:`rangestream.loader.StatefulDataLoader`, which also resumes across worker counts.
+
+Inside each process that iterates (a DataLoader worker, or the main process when
+``num_workers=0``) the dataset starts its own event loop on a daemon thread and opens its
+async reader on that loop, after any fork. Nothing that does I/O is created in the parent, so
+the ``fork``, ``spawn`` and ``forkserver`` start methods all work. Reads are issued in order,
+at most ``prefetch`` per worker ahead of the batch being assembled, and results are taken in
+order, so memory is bounded however slow individual reads are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import os
+import threading
+from abc import abstractmethod
+from collections import deque
+from collections.abc import Callable, Coroutine, Iterator, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Protocol, TypeVar
+
+import numpy as np
+import torch.distributed
+from torch.utils.data import IterableDataset, get_worker_info
+
+from rangestream.errors import LoaderConfigError, StateError
+from rangestream.loader.collate import stack_collate
+from rangestream.loader.permutation import Permutation
+from rangestream.loader.plan import EpochPlan
+
+__all__ = [
+    "DEFAULT_PREFETCH",
+    "BatchIterableDataset",
+    "IndexedBatchDataset",
+    "IndexedDataset",
+    "resolve_distributed",
+]
+
+DEFAULT_PREFETCH = 16
+"""Reads in flight per worker. In the measurements recorded in ARCHITECTURE.md, 16
+concurrent window reads gave about ten times the windows/s of one read at a time against S3
+with 20 ms first-byte latency; a deeper queue mostly adds memory."""
+
+_TARGET_BLOCK_SAMPLES = 4096
+"""Sequence indices mapped per vectorised permutation call: large enough to amortise numpy
+overhead, small enough that a worker's memory does not grow with the epoch."""
+
+T = TypeVar("T")
+Collate = Callable[[list[Any]], Any]
+
+
+class AsyncReader(Protocol):
+    """What the loader needs from ``dataset.async_reader()`` once entered."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> Any: ...
+
+
+class IndexedDataset(Protocol):
+    """A picklable dataset of ``len(reader)`` samples: ``StreamDataset``, ``DocumentDataset``.
+
+    ``async_reader()`` must open nothing until entered; it is entered once per iteration in
+    the process that iterates. ``sync_reader()`` is used only by ``len()`` in the calling
+    process, and only if the dataset has no ``__len__`` of its own.
+    """
+
+    def async_reader(self) -> AbstractAsyncContextManager[AsyncReader]: ...
+
+    def sync_reader(self) -> contextlib.AbstractContextManager[Any]: ...
+
+
+def resolve_distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """Fill in ``rank`` and ``world_size`` from ``torch.distributed`` when left as ``None``.
+
+    Parameters
+    ----------
+    rank, world_size : int or None
+        Explicit values win; ``None`` takes the initialised process group's value, or
+        ``0`` / ``1`` without one.
+
+    Returns
+    -------
+    tuple of int
+        ``(rank, world_size)``, validated.
+    """
+    initialised = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if world_size is None:
+        world_size = torch.distributed.get_world_size() if initialised else 1
+    if rank is None:
+        rank = torch.distributed.get_rank() if initialised else 0
+    if isinstance(world_size, bool) or int(world_size) != world_size or world_size < 1:
+        raise LoaderConfigError(f"world_size must be a positive integer, got {world_size!r}")
+    if isinstance(rank, bool) or int(rank) != rank or not 0 <= rank < world_size:
+        raise LoaderConfigError(f"rank must lie in [0, world_size={world_size}), got {rank!r}")
+    return int(rank), int(world_size)
+
+
+def _worker_identity() -> tuple[int, int]:
+    info = get_worker_info()
+    return (0, 1) if info is None else (info.id, info.num_workers)
+
+
+class _EventLoopThread:
+    """An event loop on a daemon thread, private to the process that created it.
+
+    A thread (rather than ``run_until_complete`` on the worker's own thread) lets reads
+    progress while the worker collates and hands batches to the DataLoader.
+    """
+
+    def __init__(self) -> None:
+        self._pid = os.getpid()
+        self._loop = asyncio.new_event_loop()
+        self._stack = contextlib.AsyncExitStack()
+        self._thread = threading.Thread(
+            target=self._serve, name="rangestream-loader-io", daemon=True
+        )
+        self._thread.start()
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_forever()
+
+    def __enter__(self) -> _EventLoopThread:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def submit(self, coroutine: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        if os.getpid() != self._pid:
+            coroutine.close()
+            raise StateError(
+                f"loader event loop was created in process {self._pid} and cannot be used in "
+                f"process {os.getpid()}; iterate the dataset in the process that reads"
+            )
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        return self.submit(coroutine).result()
+
+    def enter(self, open_context: Callable[[], AbstractAsyncContextManager[T]]) -> T:
+        """Enter an async context on the loop; it is exited when this object closes."""
+
+        async def enter() -> T:
+            return await self._stack.enter_async_context(open_context())
+
+        return self.run(enter())
+
+    def close(self) -> None:
+        if os.getpid() != self._pid:
+            # A forked copy has no loop thread; touching the loop would hang.
+            return
+
+        async def shutdown() -> None:
+            current = asyncio.current_task()
+            tasks = [task for task in asyncio.all_tasks() if task is not current]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self._stack.aclose()
+
+        try:
+            self.run(shutdown())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+            self._loop.close()
+
+
+class BatchIterableDataset(IterableDataset[Any]):
+    """Base of the loader's iterable datasets: plan, prefetch, epochs and state.
+
+    Subclasses say how many samples an epoch has and how a sequence index becomes a read;
+    this class splits the epoch across ranks and workers, keeps reads in flight and tracks
+    progress. Parameters are documented on the subclasses.
+
+    Notes
+    -----
+    ``state_dict()`` follows torchdata's ``Stateful`` protocol and describes *this* process's
+    progress: inside a DataLoader worker it records that worker's batch count, which
+    torchdata's ``StatefulDataLoader`` stores per worker and hands back to the same worker
+    (so it resumes exactly with an unchanged ``num_workers``). A state taken outside workers
+    (``num_workers=0``) folds into the global ``consumed_samples`` on load and so resumes
+    with any configuration. :class:`rangestream.loader.StatefulDataLoader` does not use this
+    per-worker state at all; it counts batches in the main process.
+    """
+
+    def __init__(
+        self,
+        *,
+        batch_size: int,
+        seed: int,
+        rank: int | None,
+        world_size: int | None,
+        drop_last: bool,
+        prefetch: int,
+        collate_fn: Collate | None,
+    ) -> None:
+        super().__init__()
+        if isinstance(batch_size, bool) or int(batch_size) != batch_size or batch_size < 1:
+            raise LoaderConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
+        if isinstance(prefetch, bool) or int(prefetch) != prefetch or prefetch < 1:
+            raise LoaderConfigError(f"prefetch must be a positive integer, got {prefetch!r}")
+        self.batch_size = int(batch_size)
+        self.seed = int(seed)
+        self.rank, self.world_size = resolve_distributed(rank, world_size)
+        self.drop_last = bool(drop_last)
+        self.prefetch = int(prefetch)
+        self.collate_fn: Collate = stack_collate if collate_fn is None else collate_fn
+        self._epoch = 0
+        self._consumed_samples = 0
+        self._worker_batches = 0
+        self._resume: tuple[int, int, int] | None = None
+        self._known_num_samples: int | None = None
+
+    # -- what subclasses provide ---------------------------------------------------------
+
+    @abstractmethod
+    def _open(self) -> AbstractAsyncContextManager[Any]:
+        """Context that yields the per-process reader; entered on the loader's event loop."""
+
+    @abstractmethod
+    def _num_samples(self, source: Any) -> int:
+        """Samples per epoch, computed inside the iterating process from its reader."""
+
+    @abstractmethod
+    def _count_samples(self) -> int:
+        """Samples per epoch, computed in the calling process (for ``len()`` only)."""
+
+    @abstractmethod
+    def _requests(self, source: Any, indices: np.ndarray, epoch: int) -> Sequence[Any]:
+        """Read requests for a block of epoch-sequence indices, in order."""
+
+    @abstractmethod
+    async def _read(self, source: Any, request: Any) -> Any:
+        """Read one sample."""
+
+    @abstractmethod
+    def state_identity(self) -> dict[str, Any]:
+        """Settings that define the epoch's sample order, saved with every state.
+
+        A position only means something under the same order: resuming a state saved with
+        another shuffle setting or window length would skip the wrong samples, so loading
+        such a state fails instead.
+        """
+
+    # -- epochs and position -------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        """Epoch that the next iteration plays."""
+        return self._epoch
+
+    @property
+    def consumed_samples(self) -> int:
+        """Samples of :attr:`epoch` consumed by all ranks before the next iteration starts."""
+        return self._consumed_samples
+
+    @property
+    def global_batch_size(self) -> int:
+        """Samples one step consumes across all ranks."""
+        return self.batch_size * self.world_size
+
+    def set_epoch(self, epoch: int) -> None:
+        """Play ``epoch`` from its start on the next iteration.
+
+        Setting the epoch already current keeps the position, so the usual
+        ``for epoch in range(start, end): loader.set_epoch(epoch)`` loop continues a resumed
+        epoch instead of restarting it.
+        """
+        if isinstance(epoch, bool) or int(epoch) != epoch or epoch < 0:
+            raise LoaderConfigError(f"epoch must be a non-negative integer, got {epoch!r}")
+        if epoch != self._epoch:
+            self.seek(int(epoch), 0)
+
+    def seek(self, epoch: int, consumed_samples: int) -> None:
+        """Start the next iteration at ``consumed_samples`` of ``epoch``."""
+        if epoch < 0 or consumed_samples < 0:
+            raise LoaderConfigError(
+                f"epoch and consumed_samples must be >= 0, got {epoch} and {consumed_samples}"
+            )
+        self._epoch = int(epoch)
+        self._consumed_samples = int(consumed_samples)
+        self._resume = None
+        self._worker_batches = 0
+
+    def num_samples(self) -> int:
+        """Samples per epoch, counted once in the calling process and then remembered."""
+        if self._known_num_samples is None:
+            self._known_num_samples = int(self._count_samples())
+        return self._known_num_samples
+
+    def __len__(self) -> int:
+        """Batches this rank yields in a whole epoch (not only what remains of it)."""
+        full = EpochPlan(
+            num_samples=self.num_samples(),
+            batch_size=self.batch_size,
+            world_size=self.world_size,
+            rank=self.rank,
+            drop_last=self.drop_last,
+        )
+        return full.num_steps
+
+    # -- Stateful protocol ---------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Position of this process in the epoch, as plain data."""
+        if self._resume is not None:
+            worker_id, num_workers, worker_batches = self._resume
+        else:
+            worker_id, num_workers = _worker_identity()
+            worker_batches = self._worker_batches
+        return {
+            **self.state_identity(),
+            "seed": self.seed,
+            "epoch": self._epoch,
+            "consumed_samples": self._consumed_samples,
+            "batch_size": self.batch_size,
+            "world_size": self.world_size,
+            "rank": self.rank,
+            "drop_last": self.drop_last,
+            "worker_id": worker_id,
+            "num_workers": num_workers,
+            "worker_batches": worker_batches,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict`; the next iteration continues where it stopped."""
+        state = dict(state_dict)
+        expected = {**self.state_identity(), "seed": self.seed}
+        for key, value in expected.items():
+            if state.get(key) != value:
+                raise StateError(
+                    f"cannot resume {type(self).__name__}: state has {key}={state.get(key)!r}, "
+                    f"this dataset has {key}={value!r}"
+                )
+        try:
+            epoch = int(state["epoch"])
+            consumed = int(state["consumed_samples"])
+            num_workers = int(state["num_workers"])
+            worker_id = int(state["worker_id"])
+            worker_batches = int(state["worker_batches"])
+            saved_global_batch = int(state["batch_size"]) * int(state["world_size"])
+        except (KeyError, TypeError, ValueError) as error:
+            raise StateError(f"malformed {type(self).__name__} state {state!r}: {error}") from error
+        if num_workers == 1:
+            # One process built every step, so its count is global progress.
+            self.seek(epoch, consumed + worker_batches * saved_global_batch)
+            return
+        for key in ("batch_size", "world_size", "rank", "drop_last"):
+            if state.get(key) != getattr(self, key):
+                raise StateError(
+                    f"a per-worker state (num_workers={num_workers}) resumes only the same "
+                    f"split: state has {key}={state.get(key)!r}, dataset has "
+                    f"{getattr(self, key)!r}; use rangestream.StatefulDataLoader to change it"
+                )
+        self.seek(epoch, consumed)
+        self._resume = (worker_id, num_workers, worker_batches)
+
+    # -- iteration -----------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Any]:
+        worker_id, num_workers = _worker_identity()
+        done = 0
+        if self._resume is not None:
+            saved_worker, saved_workers, done = self._resume
+            if (saved_worker, saved_workers) != (worker_id, num_workers):
+                raise StateError(
+                    f"state saved by worker {saved_worker} of {saved_workers} cannot resume "
+                    f"worker {worker_id} of {num_workers}"
+                )
+            self._resume = None
+        self._worker_batches = done
+        # The position is fixed now, not when the generator first runs.
+        return self._generate(self._epoch, self._consumed_samples, worker_id, num_workers, done)
+
+    def _generate(
+        self, epoch: int, consumed: int, worker_id: int, num_workers: int, done: int
+    ) -> Iterator[Any]:
+        batch_size = self.batch_size
+        with _EventLoopThread() as io:
+            source = io.enter(self._open)
+            num_samples = self._num_samples(source)
+            if self._known_num_samples is not None and self._known_num_samples != num_samples:
+                raise StateError(
+                    f"{type(self).__name__} counted {self._known_num_samples} samples when "
+                    f"created but the reader in process {os.getpid()} has {num_samples}; the "
+                    "dataset changed underneath the loader"
+                )
+            plan = EpochPlan(
+                num_samples=num_samples,
+                batch_size=batch_size,
+                world_size=self.world_size,
+                rank=self.rank,
+                drop_last=self.drop_last,
+                consumed_samples=consumed,
+            )
+            steps = plan.worker_steps(worker_id, num_workers)[done:]
+            requests = self._request_stream(source, plan, steps, epoch)
+            pending: deque[concurrent.futures.Future[Any]] = deque()
+
+            def fill() -> None:
+                while len(pending) < self.prefetch:
+                    request = next(requests, _END)
+                    if request is _END:
+                        return
+                    pending.append(io.submit(self._read(source, request)))
+
+            batch: list[Any] = []
+            fill()
+            while pending:
+                # Waiting on the oldest read keeps the order; the others run meanwhile.
+                sample = pending.popleft().result()
+                fill()
+                batch.append(sample)
+                if len(batch) == batch_size:
+                    collated = self.collate_fn(batch)
+                    batch = []
+                    self._worker_batches += 1
+                    yield collated
+
+    def _request_stream(
+        self, source: Any, plan: EpochPlan, steps: range, epoch: int
+    ) -> Iterator[Any]:
+        block_steps = max(1, _TARGET_BLOCK_SAMPLES // plan.batch_size)
+        for block in plan.blocks(steps, block_steps):
+            yield from self._requests(source, block.reshape(-1), epoch)
+
+
+_END = object()
+
+
+class IndexedBatchDataset(BatchIterableDataset):
+    """Batches of windows or documents from a ``StreamDataset`` or ``DocumentDataset``.
+
+    Parameters
+    ----------
+    dataset : IndexedDataset
+        Picklable dataset whose readers index samples ``0 .. len(reader) - 1``.
+    batch_size : int, default 8
+        Samples per batch on each rank.
+    shuffle : bool, default True
+        Visit samples in a seeded global order (a :class:`Permutation` per epoch) instead
+        of storage order.
+    seed : int, default 0
+        Shuffle seed; must be equal on every rank.
+    rank, world_size : int or None
+        This rank and the number of ranks; ``None`` reads ``torch.distributed``.
+    drop_last : bool, default True
+        End-of-epoch policy (see :mod:`rangestream.loader.plan`): skip the incomplete last
+        global batch, or pad it by wrapping around to the start of the epoch's order.
+    prefetch : int, default :data:`DEFAULT_PREFETCH`
+        Reads in flight per worker.
+    collate_fn : callable, optional
+        Turns a list of ``batch_size`` samples into a batch, inside the worker. Defaults to
+        :func:`rangestream.loader.stack_collate`.
+    """
+
+    def __init__(
+        self,
+        dataset: IndexedDataset,
+        *,
+        batch_size: int = 8,
+        shuffle: bool = True,
+        seed: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        drop_last: bool = True,
+        prefetch: int = DEFAULT_PREFETCH,
+        collate_fn: Collate | None = None,
+    ) -> None:
+        super().__init__(
+            batch_size=batch_size,
+            seed=seed,
+            rank=rank,
+            world_size=world_size,
+            drop_last=drop_last,
+            prefetch=prefetch,
+            collate_fn=collate_fn,
+        )
+        self.dataset = dataset
+        self.shuffle = bool(shuffle)
+        self._permutation: Permutation | None = None
+
+    def state_identity(self) -> dict[str, Any]:
+        return {"kind": "indexed", "shuffle": self.shuffle}
+
+    def _open(self) -> AbstractAsyncContextManager[AsyncReader]:
+        return self.dataset.async_reader()
+
+    def _num_samples(self, source: AsyncReader) -> int:
+        return len(source)
+
+    def _count_samples(self) -> int:
+        if hasattr(type(self.dataset), "__len__"):
+            return len(self.dataset)  # type: ignore[arg-type]
+        with self.dataset.sync_reader() as reader:
+            return len(reader)
+
+    def positions(self, indices: np.ndarray, num_samples: int, epoch: int) -> np.ndarray:
+        """Sample positions of epoch-sequence ``indices`` (the shuffle, if enabled)."""
+        if not self.shuffle:
+            return np.asarray(indices, dtype=np.int64)
+        permutation = self._permutation
+        if permutation is None or (permutation.n, permutation.epoch) != (num_samples, epoch):
+            permutation = self._permutation = Permutation(num_samples, self.seed, epoch)
+        return permutation(indices)
+
+    def _requests(self, source: AsyncReader, indices: np.ndarray, epoch: int) -> Sequence[int]:
+        positions: list[int] = self.positions(indices, len(source), epoch).tolist()
+        return positions
+
+    async def _read(self, source: AsyncReader, request: int) -> Any:
+        return await source[request]

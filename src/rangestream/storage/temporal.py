@@ -1,0 +1,853 @@
+"""``TemporalArrayStorage``: records of named arrays sharing a frame axis, read by window.
+
+Per shard: one array per field group (``rangestream.formats.temporal``: a lone field keeps
+its dtype and shape, the fields of a listed group are interleaved per frame) and
+``frame_ends``, the cumulative frame count at each record's end. The commit gathers every
+shard's ``frame_ends`` into one small array, ``index/record_frame_ends``, so opening reads
+the root document and that array (two requests up to half a million records) and every
+window afterwards, the first one included, costs one range request per selected group
+(one more where it crosses a block boundary): no per-window metadata.
+
+The storage object stays a cheap, picklable description. What reading needs (store, range
+reader, manifest, frame index) is opened per process on first use and rebuilt after a fork,
+so ``read_window`` and ``aread_window`` can be called on the storage itself, in DataLoader
+workers too; the async path serves any number of event loops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import operator
+import os
+import threading
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from google_crc32c import extend as crc32c_extend
+from google_crc32c import value as crc32c_value
+
+from rangestream.errors import (
+    ChecksumError,
+    CorruptDataError,
+    DatasetNotFoundError,
+    MetadataError,
+    MissingObjectError,
+    OutOfRangeError,
+    SchemaMismatchError,
+    UnknownFieldError,
+    WindowError,
+)
+from rangestream.formats.temporal import (
+    FRAME_ENDS,
+    GroupSpec,
+    TemporalSchema,
+    normalize_field_groups,
+)
+from rangestream.io.range_reader import IOStats, RangeReader, ReadProgram
+from rangestream.io.ranges import ObjectRequest, RangeRequest
+from rangestream.io.store import LocalStore, ObjectStore
+from rangestream.layout.block import CRC32C_RESIDUE, ArrayLayout, encode_block
+from rangestream.layout.manifest import ROOT_KEY, Manifest, data_prefix, parse_root
+from rangestream.layout.rows import BlockIndexCache, RowRange, read_rows
+from rangestream.layout.zarr_json import array_document, dumps
+from rangestream.storage.base import DEFAULT_BLOCK_BYTES, Storage, close_store_sync
+from rangestream.storage.writing import ShardEncoder
+
+__all__ = ["DEFAULT_CHUNK_FRAMES", "DEFAULT_TEMPORAL_CHUNK_BYTES", "TemporalArrayStorage"]
+
+_INT64 = np.dtype("<i8")
+#: Target bytes of one inner chunk of a group array: the unit of checksums and of the
+#: over-fetch at each end of a window.
+DEFAULT_TEMPORAL_CHUNK_BYTES = 8 * 1024
+#: Most frames in one inner chunk, so a narrow group (a few bytes per frame) is not
+#: over-fetched by hundreds of frames around a short window.
+DEFAULT_CHUNK_FRAMES = 32
+#: The whole-dataset frame index written by the commit, relative to the data prefix.
+INDEX_ARRAY = "index/record_frame_ends"
+_INDEX_CHUNK_BYTES = 8 * 1024
+_MAX_CACHED_SELECTIONS = 64
+
+
+class _TemporalShardEncoder(ShardEncoder):
+    def __init__(self, schema: TemporalSchema) -> None:
+        self.schema = schema
+        self.first_array = schema.groups[0].array
+
+    def encode(self, data: Any, lengths: Mapping[str, int]) -> Mapping[str, np.ndarray]:
+        rows, frames = self.schema.encode(data)
+        rows[FRAME_ENDS] = np.asarray([lengths[self.first_array] + frames], dtype=_INT64)
+        return rows
+
+
+def _integer(value: Any, what: str) -> int:
+    if isinstance(value, bool):
+        raise TypeError(f"{what} must be an integer, got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{what} must be an integer, got {value!r}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class _FieldOutput:
+    """One requested field: where it sits in its group's rows and how it is returned."""
+
+    name: str
+    dtype: np.dtype[Any]
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+    whole_row: bool  # the only field of its group
+
+
+@dataclass(frozen=True, slots=True)
+class _Selection:
+    """The groups a ``fields`` argument needs, with the fields to cut out of each."""
+
+    outputs: tuple[_FieldOutput, ...]  # in the order the caller asked for
+    groups: tuple[tuple[int, tuple[_FieldOutput, ...]], ...]  # (group number, its fields)
+
+
+class _GroupArray:
+    """A group's array in every shard, with its layout constants for window planning."""
+
+    def __init__(self, spec: GroupSpec, layout: ArrayLayout, manifest: Manifest) -> None:
+        self.spec = spec
+        self.layout = layout
+        ids = manifest.shard_ids
+        self.keys = tuple(manifest.array_key(int(s), spec.array) for s in ids)
+        self.lengths = tuple(int(n) for n in manifest.lengths[spec.array])
+        self.suffix = "/0" * layout.stored_trailing_ndim
+        self.dense = layout.dense_chunks
+        self.block_rows = layout.block_rows
+        self.chunk_rows = layout.chunk_rows
+        self.chunk_nbytes = layout.chunk_nbytes
+        self.stored = layout.stored_chunk_nbytes
+        self.row_nbytes = layout.row_nbytes
+        zeros = bytes(self.chunk_nbytes)
+        self._valid_chunk = zeros + crc32c_value(zeros).to_bytes(4, "little")
+        self._valid_crcs = [0]  # crc32c of 0, 1, 2... valid chunks back to back
+
+    def valid_crc(self, chunks: int) -> int:
+        """The crc32c of any ``chunks`` valid inner chunks stored back to back.
+
+        A chunk followed by its own crc32c leaves the CRC register in a fixed state, so the
+        CRC of a run of valid chunks depends only on how many there are: one pass over a
+        fetched run checks every chunk in it (a single bad chunk always changes the result).
+        """
+        table = self._valid_crcs
+        if chunks >= len(table):
+            table = list(table)  # replaced whole, so concurrent readers never see a gap
+            while len(table) <= chunks:
+                table.append(crc32c_extend(table[-1], self._valid_chunk))
+            self._valid_crcs = table
+        return table[chunks]
+
+
+class _TemporalIndex:
+    """What opening read: the manifest, the schema and every record's frames and offset."""
+
+    def __init__(
+        self, manifest: Manifest, schema: TemporalSchema, ends: np.ndarray, where: str
+    ) -> None:
+        self.manifest = manifest
+        self.schema = schema
+        records_per_part = manifest.lengths[FRAME_ENDS]
+        total = int(records_per_part.sum())
+        if len(ends) != total:
+            raise CorruptDataError(
+                f"{where}: the frame index holds {len(ends)} records, the manifest {total}"
+            )
+        part_starts = np.cumsum(records_per_part) - records_per_part
+        previous = np.empty(total, dtype=np.int64)
+        if total:
+            previous[1:] = ends[:-1]
+            previous[part_starts[records_per_part > 0]] = 0
+        counts = ends - previous
+        if total and int(counts.min()) <= 0:
+            bad = int(np.flatnonzero(counts <= 0)[0])
+            raise CorruptDataError(f"{where}: record {bad} has {int(counts[bad])} frames")
+        part_frames = np.zeros(len(records_per_part), dtype=np.int64)
+        nonempty = records_per_part > 0
+        part_frames[nonempty] = ends[part_starts[nonempty] + records_per_part[nonempty] - 1]
+        for group in schema.groups:
+            if not np.array_equal(manifest.lengths[group.array], part_frames):
+                raise CorruptDataError(
+                    f"{where}: array {group.array!r} has per-shard lengths "
+                    f"{manifest.lengths[group.array].tolist()}, the frame index says "
+                    f"{part_frames.tolist()}"
+                )
+        counts.flags.writeable = False
+        self.frame_counts = counts
+        self.record_start = previous
+        self.record_part = np.repeat(np.arange(len(records_per_part)), records_per_part)
+        self.groups = tuple(
+            _GroupArray(spec, manifest.arrays[spec.array], manifest) for spec in schema.groups
+        )
+        self.dense = all(group.dense for group in self.groups)
+        self.block_indexes = BlockIndexCache()
+        self._selections: dict[tuple[str, ...] | None, _Selection] = {}
+
+    # -- arguments -------------------------------------------------------------------------
+    def check_record(self, record: Any) -> int:
+        record = _integer(record, "record")
+        count = len(self.frame_counts)
+        if not 0 <= record < count:
+            raise OutOfRangeError(
+                f"record {record} is outside the dataset's {count} records [0, {count})"
+            )
+        return record
+
+    def check_window(self, record: Any, start: Any, frames: Any) -> tuple[int, int, int]:
+        if type(record) is not int or type(start) is not int or type(frames) is not int:
+            record = _integer(record, "record")
+            start = _integer(start, "start")
+            frames = _integer(frames, "frames")
+        if not 0 <= record < len(self.frame_counts):
+            self.check_record(record)  # raises
+        count = self.frame_counts.item(record)
+        if frames <= 0:
+            raise WindowError(f"frames must be >= 1, got {frames} (record {record})")
+        if start < 0 or start + frames > count:
+            raise WindowError(
+                f"window [{start}, {start + frames}) is outside record {record}'s {count} "
+                f"frames [0, {count}); windows are neither padded nor truncated"
+            )
+        return record, start, frames
+
+    def selection(self, fields: Sequence[str] | None) -> _Selection:
+        if isinstance(fields, (str, bytes)):
+            raise TypeError(f"fields must be a list of field names, got the string {fields!r}")
+        key = None if fields is None else tuple(fields)
+        found = self._selections.get(key)
+        if found is not None:
+            return found
+        schema = self.schema
+        names = schema.field_names if key is None else list(dict.fromkeys(key))
+        unknown = [name for name in names if name not in schema.by_name]
+        if unknown:
+            raise UnknownFieldError(
+                f"unknown field(s) {unknown}; the dataset's fields are {schema.field_names}"
+            )
+        outputs = []
+        by_group: dict[int, list[_FieldOutput]] = {}
+        for name in names:
+            number, position = schema.location[name]
+            group = schema.groups[number]
+            spec = group.fields[position]
+            output = _FieldOutput(
+                name,
+                spec.dtype,
+                spec.shape,
+                group.offsets[position],
+                spec.frame_nbytes,
+                not group.interleaved,
+            )
+            outputs.append(output)
+            by_group.setdefault(number, []).append(output)
+        selection = _Selection(
+            tuple(outputs),
+            tuple((number, tuple(found)) for number, found in sorted(by_group.items())),
+        )
+        if len(self._selections) >= _MAX_CACHED_SELECTIONS:
+            self._selections.clear()
+        self._selections[key] = selection
+        return selection
+
+    # -- the window read ---------------------------------------------------------------------
+    def window(
+        self,
+        record: int,
+        start: int,
+        frames: int,
+        selection: _Selection,
+        *,
+        verify: bool,
+        describe: Callable[[str], str],
+        serial: bool = False,
+    ) -> ReadProgram[dict[str, np.ndarray]]:
+        """Program reading one checked window: one range per selected group and block.
+
+        ``serial`` yields the requests one at a time (for ``pread``, which reads one range
+        per call anyway); otherwise all in one round, fetched concurrently.
+        """
+        part = self.record_part.item(record)
+        first = self.record_start.item(record) + start
+        stop = first + frames
+        result = {
+            output.name: np.empty((frames, *output.shape), dtype=output.dtype)
+            for output in selection.outputs
+        }
+        if not self.dense:
+            yield from self._window_generic(part, first, stop, selection, result, verify, describe)
+            return result
+        requests: list[RangeRequest] = []
+        pieces: list[tuple[_GroupArray, tuple[_FieldOutput, ...], int, int, int]] = []
+        for number, outputs in selection.groups:
+            group = self.groups[number]
+            key = group.keys[part]
+            block_rows, chunk_rows, stored = group.block_rows, group.chunk_rows, group.stored
+            row = first
+            while row < stop:
+                block = row // block_rows
+                base = block * block_rows
+                end = min(stop, base + block_rows)
+                first_chunk = (row - base) // chunk_rows
+                last_chunk = (end - base - 1) // chunk_rows
+                requests.append(
+                    RangeRequest(
+                        f"{key}/c/{block}{group.suffix}",
+                        first_chunk * stored,
+                        (last_chunk + 1) * stored,
+                    )
+                )
+                skip = row - base - first_chunk * chunk_rows
+                pieces.append((group, outputs, skip, end - row, row - first))
+                row = end
+        if serial:  # decode each range as it arrives
+            for request, piece in zip(requests, pieces, strict=True):
+                (data,) = yield [request]
+                _fill(piece, request, data, result, frames, verify, describe)
+        else:
+            datas = yield requests
+            for request, piece, data in zip(requests, pieces, datas, strict=True):
+                _fill(piece, request, data, result, frames, verify, describe)
+        return result
+
+    def _window_generic(
+        self,
+        part: int,
+        first: int,
+        stop: int,
+        selection: _Selection,
+        result: dict[str, np.ndarray],
+        verify: bool,
+        describe: Callable[[str], str],
+    ) -> ReadProgram[None]:
+        """Layouts without dense chunks: ``read_rows`` fetches (and caches) chunk indexes."""
+        ranges = [
+            RowRange(group.keys[part], group.layout, group.lengths[part], first, stop)
+            for group in (self.groups[number] for number, _ in selection.groups)
+        ]
+        parts = yield from read_rows(
+            ranges, self.block_indexes, describe=describe, verify_checksums=verify
+        )
+        for (_, outputs), rows in zip(selection.groups, parts, strict=True):
+            for output in outputs:
+                target = result[output.name].reshape(len(rows), -1).view(np.uint8)
+                target[...] = rows[:, output.offset : output.offset + output.nbytes]
+
+
+@dataclass(frozen=True, slots=True)
+class _Where:
+    """The place of a request, for error messages; formatted only when one is raised."""
+
+    describe: Callable[[str], str]
+    request: RangeRequest
+
+    def __call__(self) -> str:
+        request = self.request
+        return f"{self.describe(request.key)} bytes [{request.start}, {request.end})"
+
+
+def _fill(
+    piece: tuple[_GroupArray, tuple[_FieldOutput, ...], int, int, int],
+    request: RangeRequest,
+    data: Any,
+    result: dict[str, np.ndarray],
+    frames: int,
+    verify: bool,
+    describe: Callable[[str], str],
+) -> None:
+    """Check the inner chunks of one fetched range and copy its rows into the outputs."""
+    group, outputs, skip, count, at = piece
+    stored = group.stored
+    chunks = len(data) // stored
+    if chunks * stored != len(data) or chunks == 0:
+        raise CorruptDataError(
+            f"{_Where(describe, request)()}: {len(data)} bytes is not a whole number "
+            f"of {stored}-byte chunks"
+        )
+    if verify:
+        crc = crc32c_value(data if type(data) is bytes else np.frombuffer(data, np.uint8))
+        if crc != group.valid_crc(chunks):
+            _raise_checksum_error(group, data, request, describe)
+    if outputs[0].whole_row:  # the group's only field: copied as byte runs
+        target = memoryview(result[outputs[0].name]).cast("B")
+        _copy_whole_rows(group, memoryview(data), skip, count, target, at)
+        return
+    rows = (
+        np.frombuffer(data, dtype=np.uint8)
+        .reshape(chunks, stored)[:, : group.chunk_nbytes]
+        .reshape(chunks, group.chunk_rows, group.row_nbytes)
+    )
+    for output in outputs:
+        target = result[output.name].reshape(frames, -1).view(np.uint8)
+        _copy_rows(rows, skip, count, target, at, output)
+
+
+def _raise_checksum_error(
+    group: _GroupArray, data: Any, request: RangeRequest, describe: Callable[[str], str]
+) -> None:
+    """Name the first inner chunk of a failed read whose own checksum does not match."""
+    stored = group.stored
+    for number, chunk in enumerate(np.frombuffer(data, np.uint8).reshape(-1, stored)):
+        if crc32c_value(chunk) != CRC32C_RESIDUE:
+            chunk_number = request.start // stored + number
+            raise ChecksumError(
+                f"{_Where(describe, request)()}: checksum mismatch in inner chunk "
+                f"{chunk_number} of the block"
+            )
+    raise ChecksumError(f"{_Where(describe, request)()}: checksum mismatch")
+
+
+def _copy_whole_rows(
+    group: _GroupArray, source: memoryview, skip: int, count: int, target: memoryview, at: int
+) -> None:
+    """Copy ``count`` whole rows, from ``skip`` rows into the fetched chunks, to row ``at``.
+
+    One byte-run copy per inner chunk: the rows of a chunk are contiguous in ``source``
+    (only the chunk's 4-byte checksum separates it from the next).
+    """
+    row_nbytes, stored = group.row_nbytes, group.stored
+    position = at * row_nbytes
+    begin = skip * row_nbytes
+    available = group.chunk_rows - skip
+    chunk_start = 0
+    while count:
+        rows = available if available < count else count
+        nbytes = rows * row_nbytes
+        target[position : position + nbytes] = source[
+            chunk_start + begin : chunk_start + begin + nbytes
+        ]
+        position += nbytes
+        count -= rows
+        chunk_start += stored
+        begin = 0
+        available = group.chunk_rows
+
+
+def _copy_rows(
+    rows: np.ndarray, skip: int, count: int, target: np.ndarray, at: int, output: _FieldOutput
+) -> None:
+    """Copy ``count`` rows starting ``skip`` rows into ``rows`` to ``target[at:]``.
+
+    ``rows`` is ``(chunks, chunk_rows, row_nbytes)``; only the field's bytes are copied. At
+    most three copies whatever the number of chunks: the partial first and last chunks and
+    every whole chunk between them.
+    """
+    low, high = output.offset, output.offset + output.nbytes
+    chunk_rows = rows.shape[1]
+    head = min(chunk_rows - skip, count)
+    target[at : at + head] = rows[0, skip : skip + head, low:high]
+    done = head
+    whole = (count - done) // chunk_rows
+    if whole:
+        target[at + done : at + done + whole * chunk_rows].reshape(whole, chunk_rows, -1)[...] = (
+            rows[1 : 1 + whole, :, low:high]
+        )
+        done += whole * chunk_rows
+    if done < count:
+        target[at + done : at + count] = rows[1 + whole, : count - done, low:high]
+
+
+class _OpenState:
+    """Per-process reading state: store, range reader, the frame index once loaded."""
+
+    def __init__(self, storage: TemporalArrayStorage) -> None:
+        self.pid = os.getpid()
+        self.store = storage._new_store()
+        self.reader = RangeReader(
+            self.store,
+            max_concurrency=storage.max_concurrency,
+            coalesce_gap=storage.coalesce_gap,
+            retry=storage.retry,
+        )
+        self.index: _TemporalIndex | None = None
+        self.lock = threading.Lock()
+        self.opening: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[Any]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+
+class TemporalArrayStorage(Storage):
+    """Records of named arrays with a common frame axis, read as windows of frames.
+
+    A record is a flat mapping of field name to a numpy array (or torch tensor) shaped
+    ``(frames, ...)``; names, dtypes and trailing shapes are fixed by the first record
+    written, frame counts vary. Reading a window of some fields costs one range request per
+    field group involved, so training can sample short windows out of long recordings
+    straight from object storage.
+
+    Parameters
+    ----------
+    url
+        Where the dataset lives (local path, ``s3://``, ``memory://``, any fsspec URL).
+    field_groups
+        Lists of fields stored interleaved per frame, e.g. ``[["clock", "valid", "pose"]]``:
+        a window of a group is one contiguous range, so fields read together should be
+        grouped. Selecting one field of a group still fetches the whole group's rows for the
+        window (over-fetch). Unlisted fields are stored alone with their own dtype and shape.
+        Readers discover the grouping from the store; if given when reading, it must match.
+    chunk_bytes
+        Target size of an inner chunk of a group array (default 8 KiB): the unit of
+        checksums and of over-fetch at each end of a window.
+    chunk_frames
+        Most frames per inner chunk (default 32), so narrow groups are not over-fetched.
+    **options
+        See ``Storage``: ``storage_options``, ``block_bytes``, ``max_concurrency``,
+        ``coalesce_gap``, ``retry``, ``verify_checksums``, ``dense_chunks``.
+    """
+
+    kind = "temporal"
+
+    def __init__(
+        self,
+        url: str | os.PathLike[str],
+        field_groups: Sequence[Sequence[str]] | None = None,
+        *,
+        chunk_bytes: int = DEFAULT_TEMPORAL_CHUNK_BYTES,
+        chunk_frames: int = DEFAULT_CHUNK_FRAMES,
+        block_bytes: int = DEFAULT_BLOCK_BYTES,
+        **options: Any,
+    ) -> None:
+        super().__init__(url, chunk_bytes=chunk_bytes, block_bytes=block_bytes, **options)
+        self.field_groups = normalize_field_groups(field_groups)
+        if isinstance(chunk_frames, bool) or not isinstance(chunk_frames, int) or chunk_frames < 1:
+            raise ValueError(f"chunk_frames must be a positive integer, got {chunk_frames!r}")
+        self.chunk_frames = chunk_frames
+        self._bound: TemporalSchema | None = None  # set on writer copies by the first record
+        self._state: _OpenState | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_state"] = None  # reading state is per process
+        return state
+
+    def __bool__(self) -> bool:  # never let a truth test open the dataset through __len__
+        return True
+
+    # -- layout and schema (writing) ------------------------------------------------------
+    def _index_layout(self) -> ArrayLayout:
+        return ArrayLayout.for_sizes(
+            _INT64,
+            (),
+            chunk_bytes=_INDEX_CHUNK_BYTES,
+            block_bytes=max(self.block_bytes, _INDEX_CHUNK_BYTES),
+            dense_chunks=self.dense_chunks,
+        )
+
+    def _group_layout(self, group: GroupSpec) -> ArrayLayout:
+        frames = max(1, min(self.chunk_frames, self.chunk_bytes // group.row_nbytes))
+        return self._layout(group.row_dtype, group.row_shape, chunk_bytes=frames * group.row_nbytes)
+
+    def _array_layouts(self) -> dict[str, ArrayLayout]:
+        layouts = {FRAME_ENDS: self._layout(_INT64, chunk_bytes=max(self.chunk_bytes, 8192))}
+        if self._bound is not None:
+            for group in self._bound.groups:
+                layouts[group.array] = self._group_layout(group)
+        return layouts
+
+    def _array_attributes(self, name: str) -> dict[str, Any]:
+        if self._bound is None or name == FRAME_ENDS:
+            return {}
+        for group in self._bound.groups:
+            if group.array == name:
+                return {"rangestream_fields": [spec.name for spec in group.fields]}
+        return {}
+
+    def _schema(self) -> dict[str, Any]:
+        schema = self._bound if self._bound is not None else TemporalSchema([], [])
+        return {**schema.to_json(), "index": self._index_layout().to_json()}
+
+    def _bind_record(self, data: Any) -> TemporalArrayStorage:
+        if self._bound is not None:
+            return self
+        bound = copy.copy(self)
+        bound._bound = TemporalSchema.from_record(data, self.field_groups)
+        return bound
+
+    def _bind_schema(self, schema: dict[str, Any], where: str) -> TemporalArrayStorage:
+        parsed = TemporalSchema.from_json(schema, where)
+        if self._bound is None:
+            bound = copy.copy(self)
+            bound._bound = parsed
+            return bound
+        if parsed != self._bound:
+            raise SchemaMismatchError(
+                f"{where} was written with another schema than an earlier part: "
+                f"{self._bound.difference(parsed)}"
+            )
+        return self
+
+    def _shard_encoder(self) -> ShardEncoder:
+        if self._bound is None:
+            raise RuntimeError("the schema is fixed by the first record (see _bind_record)")
+        return _TemporalShardEncoder(self._bound)
+
+    async def _write_derived_index(self, store: ObjectStore, manifest: Manifest) -> None:
+        frame_layout = manifest.arrays[FRAME_ENDS]
+        ranges = [
+            RowRange(manifest.array_key(int(shard), FRAME_ENDS), frame_layout, int(n), 0, int(n))
+            for shard, n in zip(manifest.shard_ids, manifest.lengths[FRAME_ENDS], strict=True)
+            if n
+        ]
+        reader = RangeReader(store, retry=self.retry)
+        parts = await reader.run(read_rows(ranges, BlockIndexCache(), describe=store.describe))
+        ends = (
+            np.concatenate([part.reshape(-1).view(_INT64) for part in parts])
+            if parts
+            else np.empty(0, dtype=_INT64)
+        )
+        schema = self._bound if self._bound is not None else TemporalSchema([], [])
+        _TemporalIndex(manifest, schema, ends, f"{self.url} (commit)")  # validates
+        layout = self._index_layout()
+        key = f"{data_prefix(manifest.commit_id)}/{INDEX_ARRAY}"
+        for block in range(layout.num_blocks(len(ends))):
+            rows = ends[block * layout.block_rows : (block + 1) * layout.block_rows]
+            await store.put(layout.block_key(key, block), encode_block(layout, rows.view(np.uint8)))
+        attributes = {"description": "cumulative frame count at each record's end, per shard"}
+        await store.put(f"{key}/zarr.json", dumps(array_document(layout, len(ends), attributes)))
+
+    # -- schema (reading) ---------------------------------------------------------------------
+    def _stored_schema(self, manifest: Manifest, where: str) -> tuple[TemporalSchema, ArrayLayout]:
+        stored = manifest.schema
+        schema = TemporalSchema.from_json(stored, where)
+        index_layout = ArrayLayout.from_json(stored.get("index"), f"{where} index layout")
+        if index_layout.dtype != _INT64 or index_layout.row_shape:
+            raise MetadataError(f"{where}: the frame index must be an int64 vector")
+        expected = {FRAME_ENDS, *(group.array for group in schema.groups)}
+        if set(manifest.arrays) != expected:
+            raise MetadataError(
+                f"{where}: arrays {sorted(manifest.arrays)} do not match the schema's "
+                f"{sorted(expected)}"
+            )
+        frame_layout = manifest.arrays[FRAME_ENDS]
+        if frame_layout.dtype != _INT64 or frame_layout.row_shape:
+            raise MetadataError(f"{where}: {FRAME_ENDS} must be an int64 vector")
+        for group in schema.groups:
+            layout = manifest.arrays[group.array]
+            if layout.dtype != group.row_dtype or layout.row_shape != group.row_shape:
+                raise MetadataError(
+                    f"{where}: array {group.array!r} is stored as {layout.dtype} rows of shape "
+                    f"{layout.row_shape}, its fields need {group.row_dtype} {group.row_shape}"
+                )
+        wanted = {frozenset(group) for group in self.field_groups if len(group) > 1}
+        if self.field_groups and schema.fields and wanted != schema.interleaved_groups:
+            stored_groups = sorted(sorted(group) for group in schema.interleaved_groups)
+            raise SchemaMismatchError(
+                f"{self.url} stores field groups {stored_groups}, but field_groups="
+                f"{[list(group) for group in self.field_groups]} was given; changing the "
+                "grouping means rewriting (omit field_groups to read the stored layout)"
+            )
+        return schema, index_layout
+
+    def _check_schema(self, manifest: Manifest) -> None:
+        self._stored_schema(manifest, f"{self.url}/{ROOT_KEY}")
+
+    def _open_program(self, store: ObjectStore, opened_root: list[bool]) -> ReadProgram[Any]:
+        where = store.describe(ROOT_KEY)
+        (raw,) = yield [ObjectRequest(ROOT_KEY)]
+        opened_root.append(True)
+        manifest = parse_root(bytes(raw), where, self.kind)
+        schema, index_layout = self._stored_schema(manifest, where)
+        total = int(manifest.lengths[FRAME_ENDS].sum())
+        ends = np.empty(0, dtype=_INT64)
+        if total:
+            key = f"{data_prefix(manifest.commit_id)}/{INDEX_ARRAY}"
+            (rows,) = yield from read_rows(
+                [RowRange(key, index_layout, total, 0, total)],
+                BlockIndexCache(),
+                describe=store.describe,
+                verify_checksums=self.verify_checksums,
+            )
+            ends = rows.reshape(-1).view(_INT64).copy()
+        return _TemporalIndex(manifest, schema, ends, where)
+
+    def _not_found(self, error: MissingObjectError) -> DatasetNotFoundError:
+        return DatasetNotFoundError(
+            f"no dataset at {self.url}: {ROOT_KEY} not found (never committed?)"
+        )
+
+    # -- per-process reading state -----------------------------------------------------------
+    def _process_state(self) -> _OpenState:
+        state = self._state
+        if state is None or state.pid != os.getpid():  # first use, or a forked child
+            state = self._state = _OpenState(self)
+        return state
+
+    def _index(self) -> _TemporalIndex:
+        state = self._process_state()
+        index = state.index
+        if index is None:
+            with state.lock:
+                if state.index is None:
+                    opened_root: list[bool] = []
+                    try:
+                        state.index = state.reader.run_sync(
+                            self._open_program(state.store, opened_root)
+                        )
+                    except MissingObjectError as error:
+                        if opened_root:
+                            raise
+                        raise self._not_found(error) from error
+                index = state.index
+        return index
+
+    async def _aindex(self) -> _TemporalIndex:
+        state = self._process_state()
+        if state.index is not None:
+            return state.index
+        loop = asyncio.get_running_loop()
+        task = state.opening.get(loop)
+        if task is None:
+            task = loop.create_task(self._aopen(state))
+            task.add_done_callback(_retrieve_exception)
+            state.opening[loop] = task
+        try:
+            index = await asyncio.shield(task)  # a cancelled caller leaves the open running
+        except BaseException:
+            if task.done():  # the open failed: the next call tries again
+                state.opening.pop(loop, None)
+            raise
+        if state.index is None:
+            state.index = index
+        return state.index
+
+    async def _aopen(self, state: _OpenState) -> _TemporalIndex:
+        opened_root: list[bool] = []
+        try:
+            return await state.reader.run(self._open_program(state.store, opened_root))  # type: ignore[no-any-return]
+        except MissingObjectError as error:
+            if opened_root:
+                raise
+            raise self._not_found(error) from error
+
+    # -- reading -----------------------------------------------------------------------------
+    @property
+    def frame_counts(self) -> np.ndarray:
+        """Frames of every record (read-only ``int64``), in global shard-by-shard order."""
+        return self._index().frame_counts
+
+    def __len__(self) -> int:
+        """Number of records."""
+        return len(self._index().frame_counts)
+
+    def __getitem__(self, record: int) -> dict[str, np.ndarray]:
+        """The whole record: every field, all frames (negative indexes count from the end)."""
+        index = self._index()
+        record = _integer(record, "record")
+        if record < 0:
+            record += len(index.frame_counts)
+        record = index.check_record(record)
+        return self.read_window(record, 0, index.frame_counts.item(record))
+
+    def read_window(
+        self, record: int, start: int, frames: int, fields: Sequence[str] | None = None
+    ) -> dict[str, np.ndarray]:
+        """Frames ``[start, start + frames)`` of some fields of one record.
+
+        Parameters
+        ----------
+        record
+            Global record index (shard by shard, in append order within a shard).
+        start, frames
+            The window; it must lie inside the record (no padding, no truncation).
+        fields
+            Field names to return; ``None`` means all, ``[]`` returns ``{}`` without reading.
+
+        Returns
+        -------
+        dict
+            Field name to a new numpy array ``(frames, *trailing)`` with the stored dtype,
+            writable and owning its memory. On a local path the bytes are read with
+            ``pread`` in the calling thread; elsewhere on the process's I/O loop.
+        """
+        state = self._state
+        if state is None or state.index is None or state.pid != os.getpid():
+            self._index()
+            state = self._state
+            assert state is not None and state.index is not None
+        index = state.index
+        record, start, frames = index.check_window(record, start, frames)
+        selection = index.selection(fields)
+        if not selection.outputs:
+            return {}
+        program = index.window(
+            record,
+            start,
+            frames,
+            selection,
+            verify=self.verify_checksums,
+            describe=state.store.describe,
+            serial=state.store.supports_sync_reads,
+        )
+        return state.reader.run_sync(program)
+
+    async def aread_window(
+        self,
+        record: int,
+        start: int,
+        frames: int,
+        fields: Sequence[str] | None = None,
+        *,
+        max_concurrent_reads: int = 8,
+    ) -> dict[str, np.ndarray]:
+        """``read_window`` for async callers; many may run at once on any event loop.
+
+        ``max_concurrent_reads`` bounds the requests of this call in flight; the process-wide
+        bound (``set_process_max_concurrency``) holds across all calls. Cancelling a call
+        cancels and drains its requests. Local files are read in worker threads.
+        """
+        if _integer(max_concurrent_reads, "max_concurrent_reads") < 1:
+            raise ValueError(f"max_concurrent_reads must be >= 1, got {max_concurrent_reads!r}")
+        index = await self._aindex()
+        record, start, frames = index.check_window(record, start, frames)
+        selection = index.selection(fields)
+        if not selection.outputs:
+            return {}
+        state = self._process_state()
+        program = index.window(
+            record,
+            start,
+            frames,
+            selection,
+            verify=self.verify_checksums,
+            describe=state.store.describe,
+        )
+        return await state.reader.run(program, max_concurrency=max_concurrent_reads)  # type: ignore[no-any-return]
+
+    @property
+    def fields(self) -> list[str]:
+        """Field names, in the order of the first record written."""
+        return self._index().schema.field_names
+
+    @property
+    def stats(self) -> IOStats:
+        """Exact requests and bytes this process has issued for this storage (opening too)."""
+        return self._process_state().reader.stats
+
+    def close(self) -> None:
+        """Release this process's open files or I/O-loop connections; reads reopen them."""
+        state = self._state
+        if state is not None and state.pid == os.getpid():
+            close_store_sync(state.store)
+
+    async def aclose(self) -> None:
+        """Release the connections the running event loop holds (or local open files)."""
+        state = self._state
+        if state is None or state.pid != os.getpid():
+            return
+        if isinstance(state.store, LocalStore):
+            state.store.close_files()
+        else:
+            await state.store.aclose()
+
+
+def _retrieve_exception(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()  # consumed here so an open nobody awaits any more does not warn

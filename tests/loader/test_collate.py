@@ -1,0 +1,135 @@
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import pytest
+import torch
+
+from rangestream.errors import CollateError
+from rangestream.loader import Pad, PadCollate, length_mask, pad_stack, stack_collate
+
+
+def test_stack_collate_stacks_equal_shape_fields_into_tensors() -> None:
+    samples = [{"tokens": np.arange(4) + 10 * i, "mask": np.ones(4, bool)} for i in range(3)]
+    batch = stack_collate(samples)
+    assert isinstance(batch["tokens"], torch.Tensor)
+    assert batch["tokens"].tolist() == [[0, 1, 2, 3], [10, 11, 12, 13], [20, 21, 22, 23]]
+    assert batch["mask"].dtype == torch.bool and batch["mask"].shape == (3, 4)
+
+
+def test_stack_collate_splits_structured_arrays_into_one_tensor_per_field() -> None:
+    dtype = np.dtype([("token", "<i4"), ("loss_mask", "u1")])
+    samples = [np.array([(1, 0), (2, 1)], dtype=dtype), np.array([(3, 1), (4, 1)], dtype=dtype)]
+    batch = stack_collate(samples)
+    assert set(batch) == {"token", "loss_mask"}
+    assert batch["token"].tolist() == [[1, 2], [3, 4]]
+    assert batch["loss_mask"].tolist() == [[0, 1], [1, 1]]
+
+
+def test_stack_collate_keeps_lists_per_sample() -> None:
+    annotations = [[{"concepts": np.arange(2)}], [{"concepts": np.arange(3)}, {"concepts": None}]]
+    samples = [
+        {"tokens": np.arange(4), "annotation_index": np.zeros(4, np.int64), "annotations": a}
+        for a in annotations
+    ]
+    batch = stack_collate(samples)
+    assert batch["annotations"] is not annotations
+    assert batch["annotations"] == annotations
+    assert batch["annotation_index"].shape == (2, 4)
+
+
+def test_stack_collate_turns_scalars_into_a_tensor() -> None:
+    batch = stack_collate(
+        [{"position": np.int64(4), "weight": 0.5}, {"position": 7, "weight": 1.0}]
+    )
+    assert batch["position"].tolist() == [4, 7]
+    assert batch["weight"].tolist() == [0.5, 1.0]
+
+
+def test_stack_collate_collates_tuples_and_named_tuples_elementwise() -> None:
+    class Pair(NamedTuple):
+        x: np.ndarray
+        name: str
+
+    batch = stack_collate([Pair(np.zeros(2), "a"), Pair(np.ones(2), "b")])
+    assert isinstance(batch, Pair)
+    assert batch.x.tolist() == [[0, 0], [1, 1]]
+    assert batch.name == ["a", "b"]
+
+
+def test_stack_collate_names_the_field_whose_shapes_differ() -> None:
+    samples = [{"meta": {"tokens": np.arange(3)}}, {"meta": {"tokens": np.arange(5)}}]
+    with pytest.raises(CollateError, match=r"'meta\.tokens'.*\(3,\), \(5,\)"):
+        stack_collate(samples)
+
+
+def test_stack_collate_refuses_samples_with_different_keys() -> None:
+    with pytest.raises(CollateError, match="different keys"):
+        stack_collate([{"a": np.zeros(1)}, {"b": np.zeros(1)}])
+
+
+def test_pad_stack_pads_to_the_batch_maximum_along_axis_zero() -> None:
+    padded, lengths = pad_stack([np.array([1, 2]), np.array([3]), np.array([4, 5, 6])], value=-1)
+    assert padded.tolist() == [[1, 2, -1], [3, -1, -1], [4, 5, 6]]
+    assert lengths.tolist() == [2, 1, 3]
+
+
+def test_pad_stack_pads_along_a_chosen_axis() -> None:
+    first = np.ones((2, 1), dtype=np.float32)
+    second = np.full((2, 3), 2, dtype=np.float32)
+    padded, lengths = pad_stack([first, second], axis=-1, value=0.5)
+    assert padded.shape == (2, 2, 3)
+    expected = np.stack([np.pad(first, ((0, 0), (0, 2)), constant_values=0.5), second])
+    assert np.array_equal(padded.numpy(), expected)
+    assert lengths.tolist() == [1, 3]
+
+
+def test_pad_stack_refuses_arrays_that_differ_on_another_axis() -> None:
+    with pytest.raises(CollateError, match="pads only axis 0"):
+        pad_stack([np.zeros((2, 3)), np.zeros((2, 4))])
+
+
+def test_pad_stack_refuses_a_pad_value_the_dtype_cannot_hold() -> None:
+    with pytest.raises(CollateError, match="does not fit dtype uint8"):
+        pad_stack([np.zeros(2, np.uint8), np.zeros(1, np.uint8)], value=-1)
+
+
+def test_length_mask_marks_real_elements() -> None:
+    mask = length_mask(torch.tensor([2, 0, 3]))
+    assert mask.tolist() == [[True, True, False], [False, False, False], [True, True, True]]
+    assert length_mask(torch.tensor([1]), max_length=3).tolist() == [[True, False, False]]
+
+
+def test_pad_collate_pads_named_fields_and_reports_lengths() -> None:
+    samples = [{"tokens": np.arange(n), "label": np.int64(n)} for n in (2, 4)]
+    batch = PadCollate({"tokens": Pad(value=9)})(samples)
+    assert list(batch) == ["tokens", "tokens_lengths", "label"]
+    assert batch["tokens"].tolist() == [[0, 1, 9, 9], [0, 1, 2, 3]]
+    assert batch["tokens_lengths"].tolist() == [2, 4]
+    assert batch["label"].tolist() == [2, 4]
+
+
+def test_pad_collate_reports_a_mask_when_asked() -> None:
+    samples = [{"tokens": np.arange(n)} for n in (3, 1)]
+    batch = PadCollate({"tokens": Pad(report="mask")})(samples)
+    assert batch["tokens_mask"].tolist() == [[True, True, True], [True, False, False]]
+
+
+def test_pad_collate_pads_bare_arrays_with_a_single_pad() -> None:
+    padded, lengths = PadCollate(Pad(value=-1))([np.arange(1), np.arange(2)])
+    assert padded.tolist() == [[0, -1], [0, 1]]
+    assert lengths.tolist() == [1, 2]
+    only = PadCollate(Pad(report=None))([np.arange(1), np.arange(2)])
+    assert isinstance(only, torch.Tensor) and only.shape == (2, 2)
+
+
+def test_pad_collate_refuses_to_overwrite_a_sample_field() -> None:
+    samples = [{"tokens": np.arange(2), "tokens_lengths": 1}]
+    with pytest.raises(CollateError, match="overwrite"):
+        PadCollate({"tokens": Pad()})(samples)
+
+
+def test_pad_collate_names_missing_fields() -> None:
+    with pytest.raises(CollateError, match=r"\['text'\]"):
+        PadCollate({"text": Pad()})([{"tokens": np.arange(2)}])

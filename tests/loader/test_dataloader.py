@@ -1,0 +1,624 @@
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch.distributed
+from support.s3 import Location
+
+from rangestream import (
+    StreamNumpyFormat,
+    StreamStorage,
+    StreamWithMetaStorage,
+    TemporalArrayStorage,
+)
+from rangestream.errors import LoaderConfigError, StateError
+from rangestream.loader import (
+    IndexedBatchDataset,
+    Pad,
+    PadCollate,
+    StatefulDataLoader,
+    WindowSampler,
+)
+
+from .expected import epoch_order, expected_global_batches, expected_rank_batches, flatten
+from .fakes import (
+    FakeDocumentDataset,
+    FakeDocumentStorage,
+    FakeStreamDataset,
+    FakeStreamStorage,
+    positions_of,
+    run_training_with_checkpoints,
+)
+
+SEQUENCE_LENGTH = 4
+SEED = 5
+
+
+def make_loader(
+    num_windows: int,
+    *,
+    batch_size: int = 4,
+    rank: int = 0,
+    world_size: int = 1,
+    num_workers: int = 0,
+    drop_last: bool = False,
+    shuffle: bool = True,
+    seed: int = SEED,
+    **kwargs: Any,
+) -> StatefulDataLoader:
+    windows = FakeStreamDataset(FakeStreamStorage(num_windows * SEQUENCE_LENGTH), SEQUENCE_LENGTH)
+    dataset = IndexedBatchDataset(
+        windows,
+        batch_size=batch_size,
+        shuffle=shuffle,
+        seed=seed,
+        rank=rank,
+        world_size=world_size,
+        drop_last=drop_last,
+    )
+    return StatefulDataLoader(dataset, num_workers=num_workers, **kwargs)
+
+
+def epoch_batches(loader: StatefulDataLoader) -> list[list[int]]:
+    return [positions_of(batch) for batch in loader]
+
+
+def ranks_epoch(world_size: int, **options: Any) -> list[list[list[int]]]:
+    """One epoch of every rank (each rank's own loader, as separate processes would have)."""
+    return [
+        epoch_batches(make_loader(rank=rank, world_size=world_size, **options))
+        for rank in range(world_size)
+    ]
+
+
+@pytest.fixture
+def fake_datasets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Serve from_storage with the fake datasets in place of rangestream.dataset's."""
+    monkeypatch.setattr("rangestream.dataset.StreamDataset", FakeStreamDataset, raising=False)
+    monkeypatch.setattr("rangestream.dataset.DocumentDataset", FakeDocumentDataset, raising=False)
+
+
+# -- coverage of an epoch ----------------------------------------------------------------
+
+
+def test_every_position_is_yielded_once_per_epoch_across_two_ranks_and_two_workers() -> None:
+    loaders = [make_loader(40, rank=r, world_size=2, num_workers=2) for r in range(2)]
+    for epoch in range(2):
+        per_rank = [epoch_batches(loader) for loader in loaders]
+        assert [len(batches) for batches in per_rank] == [5, 5]
+        positions = flatten(per_rank[0]) + flatten(per_rank[1])
+        assert sorted(positions) == list(range(40)), f"epoch {epoch}"
+
+
+def test_drop_last_drops_the_same_tail_on_every_rank_of_an_uneven_epoch() -> None:
+    per_rank = ranks_epoch(2, num_windows=45, num_workers=2, drop_last=True)
+    assert [len(batches) for batches in per_rank] == [5, 5]
+    positions = flatten(per_rank[0]) + flatten(per_rank[1])
+    order = epoch_order(45, SEED, 0)
+    assert len(set(positions)) == 40
+    assert set(positions) == set(order[:40])
+
+
+def test_without_drop_last_every_rank_steps_together_and_the_padding_repeats_the_first() -> None:
+    per_rank = ranks_epoch(2, num_windows=45, num_workers=2, drop_last=False)
+    assert [len(batches) for batches in per_rank] == [6, 6]
+    counts = Counter(flatten(per_rank[0]) + flatten(per_rank[1]))
+    order = epoch_order(45, SEED, 0)
+    assert set(counts) == set(range(45))
+    assert sorted(p for p, c in counts.items() if c == 2) == sorted(order[:3])
+    assert max(counts.values()) == 2
+
+
+# -- shuffle and epochs ------------------------------------------------------------------
+
+
+def test_shuffle_is_deterministic_per_seed_and_epoch_and_differs_between_epochs() -> None:
+    first, second = make_loader(32), make_loader(32)
+    first_epochs = [flatten(epoch_batches(first)) for _ in range(2)]
+    second_epochs = [flatten(epoch_batches(second)) for _ in range(2)]
+    assert first_epochs == second_epochs
+    assert first_epochs[0] != first_epochs[1]
+    assert first_epochs == [epoch_order(32, SEED, 0), epoch_order(32, SEED, 1)]
+    assert flatten(epoch_batches(make_loader(32, seed=SEED + 1))) != first_epochs[0]
+
+
+def test_without_shuffle_batches_follow_storage_order_every_epoch() -> None:
+    loader = make_loader(10, shuffle=False)
+    assert epoch_batches(loader) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 0, 1]]
+    assert epoch_batches(loader) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 0, 1]]
+
+
+def test_finishing_a_loop_starts_the_next_epoch_and_breaking_keeps_the_position() -> None:
+    loader = make_loader(16)
+    for index, _batch in enumerate(loader):
+        if index == 1:
+            break
+    assert (loader.epoch, loader.consumed_samples) == (0, 8)
+    assert flatten(epoch_batches(loader)) == epoch_order(16, SEED, 0)[8:]
+    assert (loader.epoch, loader.consumed_samples) == (1, 0)
+
+
+def test_set_epoch_restarts_only_when_the_epoch_changes() -> None:
+    loader = make_loader(16)
+    next(iter(loader))
+    loader.set_epoch(0)
+    assert loader.consumed_samples == 4
+    loader.set_epoch(3)
+    assert flatten(epoch_batches(loader)) == epoch_order(16, SEED, 3)
+
+
+def test_an_iterator_superseded_by_a_new_one_refuses_to_continue() -> None:
+    loader = make_loader(16)
+    old = iter(loader)
+    next(old)
+    new = iter(loader)
+    with pytest.raises(StateError, match="superseded"):
+        next(old)
+    assert positions_of(next(new)) == epoch_order(16, SEED, 0)[4:8]
+
+
+def test_len_is_the_number_of_batches_per_epoch_on_this_rank() -> None:
+    assert len(make_loader(45, world_size=2, drop_last=False)) == 6
+    assert len(make_loader(45, world_size=2, drop_last=True)) == 5
+
+
+# -- resume ------------------------------------------------------------------------------
+
+
+def collect(loader: StatefulDataLoader, epochs: int) -> list[list[int]]:
+    return [batch for _ in range(epochs) for batch in epoch_batches(loader)]
+
+
+@pytest.mark.parametrize(("first_workers", "resumed_workers"), [(2, 0), (0, 2), (1, 2)])
+def test_resumed_run_yields_exactly_the_batches_an_uninterrupted_run_yields_next(
+    first_workers: int, resumed_workers: int
+) -> None:
+    uninterrupted = collect(make_loader(22, num_workers=first_workers), epochs=2)
+    interrupted = make_loader(22, num_workers=first_workers)
+    iterator = iter(interrupted)
+    seen = [positions_of(next(iterator)) for _ in range(3)]
+    state = interrupted.state_dict()
+    del iterator
+    resumed = make_loader(22, num_workers=resumed_workers)
+    resumed.load_state_dict(state)
+    rest = collect(resumed, epochs=2)  # rest of epoch 0, then epoch 1
+    assert seen == uninterrupted[:3]
+    assert rest == uninterrupted[3:]
+
+
+@pytest.fixture(scope="module")
+def saved_state() -> dict[str, Any]:
+    """Position after 3 steps of a 2-rank run with 4 samples per rank (24 of 45 consumed)."""
+    loader = make_loader(45, rank=0, world_size=2, batch_size=4)
+    iterator = iter(loader)
+    for _ in range(3):
+        next(iterator)
+    return loader.state_dict()
+
+
+@pytest.mark.parametrize("batch_size", [4, 3])
+@pytest.mark.parametrize("world_size", [1, 2])
+@pytest.mark.parametrize("num_workers", [0, 1, 2])
+def test_resume_with_another_worker_count_world_size_or_batch_size_yields_what_remains(
+    saved_state: dict[str, Any], num_workers: int, world_size: int, batch_size: int
+) -> None:
+    assert saved_state["consumed_samples"] == 24
+    loaders = [
+        make_loader(
+            45, rank=r, world_size=world_size, batch_size=batch_size, num_workers=num_workers
+        )
+        for r in range(world_size)
+    ]
+    for loader in loaders:
+        loader.load_state_dict(saved_state)
+    yielded = {}
+    for epoch, consumed in ((0, 24), (1, 0)):
+        per_rank = [epoch_batches(loader) for loader in loaders]
+        steps = [flatten(step) for step in zip(*per_rank, strict=True)]
+        expected = expected_global_batches(
+            epoch_order(45, SEED, epoch),
+            batch_size=batch_size,
+            world_size=world_size,
+            drop_last=False,
+            consumed=consumed,
+        )
+        assert steps == expected, f"epoch {epoch}"
+        yielded[epoch] = flatten(steps)
+    # The union over ranks of the rest of epoch 0 is what remained, plus wrap-around padding.
+    order = epoch_order(45, SEED, 0)
+    padding = len(yielded[0]) - 21
+    assert 0 <= padding < batch_size * world_size
+    assert Counter(yielded[0]) == Counter(order[24:] + order[:padding])
+
+
+def test_resume_with_drop_last_and_a_new_batch_size_drops_only_the_new_remainder() -> None:
+    first = make_loader(45, batch_size=4, drop_last=True)
+    iterator = iter(first)
+    seen = flatten([positions_of(next(iterator)) for _ in range(5)])
+    resumed = make_loader(45, batch_size=6, drop_last=True)
+    resumed.load_state_dict(first.state_dict())
+    rest = flatten(epoch_batches(resumed))
+    order = epoch_order(45, SEED, 0)
+    assert seen == order[:20]
+    assert rest == order[20:44]  # 25 remain: four batches of 6, one sample dropped
+
+
+def test_a_state_saved_after_the_last_batch_resumes_with_an_empty_rest_of_epoch() -> None:
+    loader = make_loader(12)
+    iterator = iter(loader)
+    for _ in range(3):
+        next(iterator)
+    state = loader.state_dict()
+    assert (state["epoch"], state["consumed_samples"]) == (0, 12)
+    resumed = make_loader(12)
+    resumed.load_state_dict(state)
+    assert epoch_batches(resumed) == []
+    assert flatten(epoch_batches(resumed)) == epoch_order(12, SEED, 1)
+
+
+def test_state_dict_is_plain_json_data_that_round_trips() -> None:
+    loader = make_loader(20, rank=1, world_size=2)
+    next(iter(loader))
+    state = loader.state_dict()
+    assert json.loads(json.dumps(state)) == state
+    assert state == {
+        "version": 1,
+        "epoch": 0,
+        "consumed_samples": 8,
+        "seed": SEED,
+        "kind": "indexed",
+        "shuffle": True,
+        "batch_size": 4,
+        "world_size": 2,
+        "rank": 1,
+        "drop_last": False,
+    }
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"seed": SEED + 1}, "seed="),
+        ({"shuffle": False}, "shuffle="),
+        ({"version": 99}, "version 99"),
+        ({"consumed_samples": -8}, "consumed_samples"),
+        ({"epoch": "1"}, "epoch"),
+    ],
+)
+def test_a_state_that_does_not_fit_the_loader_is_refused(
+    change: dict[str, Any], message: str
+) -> None:
+    state = {**make_loader(20).state_dict(), **change}
+    with pytest.raises(StateError, match=message):
+        make_loader(20).load_state_dict(state)
+
+
+def test_a_killed_training_process_resumes_from_its_last_checkpoint(tmp_path: Path) -> None:
+    checkpoint = tmp_path / "checkpoint.json"
+    num_windows, batch_size = 18, 4
+    child = multiprocessing.get_context("fork").Process(
+        target=run_training_with_checkpoints,
+        args=(str(checkpoint), num_windows * SEQUENCE_LENGTH, SEQUENCE_LENGTH, batch_size, 2),
+        kwargs={"seed": SEED, "pause": 0.02},
+    )
+    child.start()
+    deadline = time.monotonic() + 60
+    try:
+        while not checkpoint.exists() or len(json.loads(checkpoint.read_text())["batches"]) < 7:
+            assert time.monotonic() < deadline, "the training process made no progress"
+            assert child.is_alive(), f"the training process exited with {child.exitcode}"
+            time.sleep(0.005)
+    finally:
+        os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        child.join()
+    assert child.exitcode == -signal.SIGKILL
+    saved = json.loads(checkpoint.read_text())
+    done = len(saved["batches"])
+    resumed = make_loader(num_windows, batch_size=batch_size, num_workers=1)
+    resumed.load_state_dict(saved["state"])
+    rest: list[list[int]] = []
+    while len(rest) < 8:
+        rest.extend(epoch_batches(resumed))
+    uninterrupted = [
+        batch
+        for epoch in range(6)
+        for batch in expected_rank_batches(
+            epoch_order(num_windows, SEED, epoch),
+            batch_size=batch_size,
+            world_size=1,
+            rank=0,
+            drop_last=False,
+        )
+    ]
+    assert done >= 7
+    assert saved["batches"] == uninterrupted[:done]
+    assert rest[:8] == uninterrupted[done : done + 8]
+
+
+# -- processes ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("start_method", "num_workers"),
+    # One worker where each start imports torch afresh: the point is pickling and placement.
+    [("fork", 2), ("spawn", 1), ("forkserver", 1)],
+)
+def test_workers_read_in_their_own_processes_with_every_start_method(
+    start_method: str, num_workers: int
+) -> None:
+    loader = make_loader(
+        24,
+        rank=1,
+        world_size=2,
+        num_workers=num_workers,
+        multiprocessing_context=multiprocessing.get_context(start_method),
+    )
+    batches = list(loader)
+    expected = expected_rank_batches(
+        epoch_order(24, SEED, 0), batch_size=4, world_size=2, rank=1, drop_last=False
+    )
+    assert [positions_of(batch) for batch in batches] == expected
+    reading_pids = {int(pid) for batch in batches for pid in batch["pid"]}
+    assert len(reading_pids) == num_workers and os.getpid() not in reading_pids
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"batch_size": 4}, "batch_size belong"),
+        ({"collate_fn": list}, "collate_fn belong"),
+        ({"persistent_workers": True}, "persistent_workers"),
+        ({"in_order": False}, "in_order"),
+    ],
+)
+def test_options_that_would_break_the_order_are_refused(
+    options: dict[str, Any], message: str
+) -> None:
+    windows = FakeStreamDataset(FakeStreamStorage(16), SEQUENCE_LENGTH)
+    with pytest.raises(LoaderConfigError, match=message):
+        StatefulDataLoader(IndexedBatchDataset(windows, rank=0, world_size=1), **options)
+
+
+# -- from_storage ------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("fake_datasets")
+def test_from_storage_builds_stream_windows_with_stride_and_next_token() -> None:
+    loader = StatefulDataLoader.from_storage(
+        FakeStreamStorage(20),
+        sequence_length=4,
+        stride=2,
+        next_token=True,
+        batch_size=3,
+        num_workers=0,
+        shuffle=False,
+        rank=0,
+        world_size=1,
+    )
+    batches = list(loader)
+    # (20 - 5) // 2 + 1 = 8 windows of 5 tokens starting every 2 tokens; 2 full batches.
+    assert [batch["tokens"].tolist() for batch in batches] == [
+        [[0, 1, 2, 3, 4], [2, 3, 4, 5, 6], [4, 5, 6, 7, 8]],
+        [[6, 7, 8, 9, 10], [8, 9, 10, 11, 12], [10, 11, 12, 13, 14]],
+    ]
+
+
+@pytest.mark.usefixtures("fake_datasets")
+def test_from_storage_serves_stream_with_meta_storage_as_windows() -> None:
+    loader = StatefulDataLoader.from_storage(
+        FakeStreamStorage(16, kind="stream_with_meta"),
+        sequence_length=4,
+        batch_size=2,
+        num_workers=0,
+        shuffle_seed=SEED,
+        rank=0,
+        world_size=1,
+    )
+    assert flatten(epoch_batches(loader)) == epoch_order(4, SEED, 0)
+
+
+@pytest.mark.usefixtures("fake_datasets")
+def test_from_storage_pads_documents_with_pad_collate() -> None:
+    loader = StatefulDataLoader.from_storage(
+        FakeDocumentStorage(6),
+        PadCollate({"tokens": Pad(value=-1)}),
+        batch_size=3,
+        shuffle=False,
+        num_workers=0,
+        rank=0,
+        world_size=1,
+    )
+    first = next(iter(loader))
+    assert first["tokens"].tolist() == [[0, -1, -1], [1, 1, -1], [2, 2, 2]]
+    assert first["tokens_lengths"].tolist() == [1, 2, 3]
+
+
+@pytest.mark.usefixtures("fake_datasets")
+@pytest.mark.parametrize(
+    ("storage", "options", "message"),
+    [
+        (FakeStreamStorage(16), {}, "'stream' storage needs sequence_length"),
+        (FakeDocumentStorage(4), {"sequence_length": 4}, "sequence_length do"),
+        (FakeDocumentStorage(4), {"next_token": True}, "next_token do"),
+        (FakeStreamStorage(16), {"sequence_length": 4, "fields": ["a"]}, "fields do"),
+        (object(), {"sequence_length": 4}, "kind=None"),
+        (FakeStreamStorage(16, kind="video"), {"sequence_length": 4}, "kind='video'"),
+    ],
+)
+def test_from_storage_refuses_options_that_do_not_fit_the_storage_kind(
+    storage: Any, options: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(LoaderConfigError, match=message):
+        StatefulDataLoader.from_storage(storage, rank=0, world_size=1, **options)
+
+
+@pytest.mark.usefixtures("fake_datasets")
+def test_from_storage_takes_rank_and_world_size_from_torch_distributed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda: 2)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 3)
+    loader = StatefulDataLoader.from_storage(FakeStreamStorage(96), sequence_length=4, batch_size=2)
+    assert (loader.dataset.rank, loader.dataset.world_size) == (2, 3)
+    expected = expected_rank_batches(
+        epoch_order(24, 0, 0), batch_size=2, world_size=3, rank=2, drop_last=True
+    )
+    assert epoch_batches(loader) == expected
+
+
+# -- real storages -----------------------------------------------------------------------
+
+TOKENS = np.dtype([("tokens", "<i4"), ("loss_mask", "u1")])
+
+
+def write_token_stream(url: str, storage_options: dict[str, Any], shard_sizes: list[int]) -> None:
+    """Tokens 0, 1, 2, ... over several shards and records, so a window names its start."""
+    storage = StreamStorage(url, StreamNumpyFormat(TOKENS), storage_options=storage_options,
+                            chunk_bytes=64, block_bytes=512)  # fmt: skip
+    start = 0
+    with storage.sync_writer() as writer:
+        for shard, size in enumerate(shard_sizes):
+            for record_size in (size // 3, size - size // 3):
+                tokens = np.arange(start, start + record_size, dtype="<i4")
+                writer.append(shard, {"tokens": tokens, "loss_mask": (tokens % 2).astype("u1")})
+                start += record_size
+
+
+def test_two_ranks_with_two_workers_read_every_window_of_a_real_stream_once(
+    location: Location,
+) -> None:
+    write_token_stream(location.url, location.storage_options, [120, 96, 144])  # 360 tokens
+    storage = StreamStorage(location.url, StreamNumpyFormat(TOKENS),
+                            storage_options=location.storage_options)  # fmt: skip
+    per_rank = []
+    for rank in range(2):
+        loader = StatefulDataLoader.from_storage(
+            storage, sequence_length=8, batch_size=4, rank=rank, world_size=2,
+            num_workers=2, drop_last=False, shuffle_seed=SEED,
+        )  # fmt: skip
+        assert len(loader) == 6  # counted in this process before the workers fork
+        per_rank.append([batch["tokens"].numpy() for batch in loader])
+    assert [len(batches) for batches in per_rank] == [6, 6]  # 45 windows, 6 steps of 8
+    windows = np.concatenate([np.concatenate(batches) for batches in per_rank])
+    starts = windows[:, 0]
+    np.testing.assert_array_equal(windows, starts[:, None] + np.arange(8))
+    counts = Counter((starts // 8).tolist())
+    assert set(counts) == set(range(45))
+    assert sorted(p for p, c in counts.items() if c == 2) == sorted(epoch_order(45, SEED, 0)[:3])
+
+
+def test_a_real_stream_resumes_with_another_worker_count(tmp_path: Path) -> None:
+    url = str(tmp_path / "tokens")
+    write_token_stream(url, {}, [100, 60])
+
+    def loader(num_workers: int) -> StatefulDataLoader:
+        storage = StreamStorage(url, StreamNumpyFormat(TOKENS))
+        return StatefulDataLoader.from_storage(
+            storage, sequence_length=10, batch_size=3, num_workers=num_workers,
+            rank=0, world_size=1, shuffle_seed=SEED,
+        )  # fmt: skip
+
+    def starts(batches: list[dict[str, Any]]) -> list[list[int]]:
+        return [batch["tokens"][:, 0].tolist() for batch in batches]
+
+    whole = loader(0)
+    uninterrupted = starts([b for _ in range(2) for b in whole])
+    first = loader(2)
+    iterator = iter(first)
+    seen = starts([next(iterator) for _ in range(2)])
+    resumed = loader(0)
+    resumed.load_state_dict(first.state_dict())
+    rest = starts([b for _ in range(2) for b in resumed])
+    assert seen + rest == uninterrupted
+    assert flatten(uninterrupted) == [
+        10 * p for epoch in range(2) for p in epoch_order(16, SEED, epoch)[:15]
+    ]
+
+
+class DocumentSpans:
+    """Tokens with one payload per record: the record's document id (4 bytes)."""
+
+    def __init__(self) -> None:
+        self.stream_dtype = np.dtype("<i4")
+
+    def size(self, data: dict[str, Any]) -> int:
+        return len(data["tokens"])
+
+    def pack(self, data: dict[str, Any]) -> Any:
+        payload = int(data["document"]).to_bytes(4, "little")
+        for i in range(len(data["tokens"])):
+            yield (0, payload if i == 0 else None)
+        return np.asarray(data["tokens"], dtype=self.stream_dtype)
+
+    def unpack(
+        self, stream_data: Any, document_shard: Any, document_index: Any, document_data: Any
+    ) -> dict[str, Any]:
+        documents = [int.from_bytes(bytes(payload), "little") for payload in document_data]
+        return {
+            "tokens": np.asarray(stream_data),
+            "document_of_token": np.asarray(documents, dtype=np.int64)[document_index],
+            "documents": documents,
+        }
+
+
+def test_stream_with_meta_windows_batch_with_their_payloads(tmp_path: Path) -> None:
+    storage = StreamWithMetaStorage(tmp_path / "spans", DocumentSpans())
+    start = 0
+    with storage.sync_writer() as writer:
+        for document, size in enumerate([5, 9, 3, 7]):
+            tokens = np.arange(start, start + size, dtype="<i4")
+            writer.append(document % 2, {"document": document, "tokens": tokens})
+            start += size
+    # Shard 0 holds documents 0 and 2, shard 1 documents 1 and 3; shards concatenate in order.
+    document_of_element = np.repeat([0, 2, 1, 3], [5, 3, 9, 7])
+    loader = StatefulDataLoader.from_storage(
+        storage, sequence_length=4, batch_size=2, num_workers=1, shuffle=False,
+        rank=0, world_size=1,
+    )  # fmt: skip
+    batches = list(loader)
+    assert len(batches) == 3  # 6 windows of 4 elements
+    for step, batch in enumerate(batches):
+        for row in range(2):
+            window = 2 * step + row
+            expected = document_of_element[4 * window : 4 * window + 4]
+            assert batch["document_of_token"][row].tolist() == expected.tolist()
+            assert batch["documents"][row] == list(dict.fromkeys(expected.tolist()))
+
+
+def test_real_temporal_windows_match_the_records_they_were_drawn_from(tmp_path: Path) -> None:
+    frame_counts = [6, 2, 9, 4, 12]
+    records = [
+        {
+            "frame": np.arange(n, dtype=np.int64),
+            "pose": np.random.default_rng(r).normal(size=(n, 3)).astype(np.float32),
+        }
+        for r, n in enumerate(frame_counts)
+    ]
+    storage = TemporalArrayStorage(tmp_path / "tracks")
+    with storage.sync_writer() as writer:
+        for record in records:
+            writer.append(0, record)
+    per_rank = []
+    for rank in range(2):
+        loader = StatefulDataLoader.from_storage(
+            TemporalArrayStorage(tmp_path / "tracks"), sequence_length=4, samples_per_epoch=20,
+            batch_size=5, rank=rank, world_size=2, num_workers=2, shuffle_seed=SEED,
+        )  # fmt: skip
+        per_rank.append(list(loader))
+    got = [(batch["frame"][row], batch["pose"][row]) for step in zip(*per_rank, strict=True)
+           for batch in step for row in range(5)]  # fmt: skip
+    records_drawn, starts = WindowSampler(frame_counts, 4).draw(np.arange(20), seed=SEED, epoch=0)
+    assert len(got) == 20
+    for (frames, pose), record, start in zip(got, records_drawn, starts, strict=True):
+        assert frames.tolist() == list(range(start, start + 4))
+        np.testing.assert_array_equal(pose.numpy(), records[record]["pose"][start : start + 4])

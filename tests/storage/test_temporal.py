@@ -1,0 +1,694 @@
+"""TemporalArrayStorage: windows and whole records against numpy ground truth, the request
+contract (the first window after opening included), concurrency, cancellation, processes,
+and the refusal of bad records and bad windows with nothing partial written."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing
+import pickle
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import zarr
+from support.s3 import Location
+
+from rangestream import (
+    StreamNumpyFormat,
+    StreamStorage,
+    TemporalArrayStorage,
+    set_process_max_concurrency,
+)
+from rangestream.errors import (
+    ChecksumError,
+    DatasetNotFoundError,
+    InvalidRecordError,
+    OutOfRangeError,
+    SchemaMismatchError,
+    UnknownFieldError,
+    WindowError,
+)
+from rangestream.io.range_reader import DEFAULT_PROCESS_MAX_CONCURRENCY
+from rangestream.io.store import LocalStore, ObjectStore
+
+GROUPS = [["clock", "valid", "pose"]]
+FIELDS = ["features", "clock", "valid", "pose"]
+# Which shard each record (in append order) goes to; global order is shard by shard.
+SHARDS = [2, 0, 2, 5, 0, 5, 2, 0]
+FRAMES = [37, 1, 250, 64, 120, 9, 300, 75]
+# Small chunks and blocks, so windows cross inner chunks and blocks.
+SMALL = {"chunk_bytes": 256, "block_bytes": 2048}
+
+
+def make_record(seed: int, frames: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {
+        "features": rng.standard_normal((frames, 16)).astype(np.float32),
+        "clock": np.arange(frames, dtype=np.float64) * 0.01 + seed,
+        "valid": rng.random(frames) > 0.3,
+        "pose": rng.standard_normal((frames, 7)).astype(np.float32),
+    }
+
+
+RECORDS = [make_record(seed, n) for seed, n in enumerate(FRAMES)]
+# Global record order: shard by shard, append order within a shard.
+ORDER = sorted(range(len(SHARDS)), key=lambda i: (SHARDS[i], i))
+EXPECTED = [RECORDS[i] for i in ORDER]
+
+
+def write(
+    url: str,
+    records: list[dict[str, np.ndarray]] = RECORDS,
+    shards: list[int] = SHARDS,
+    storage_options: dict[str, Any] | None = None,
+    field_groups: Any = GROUPS,
+    **options: Any,
+) -> None:
+    storage = TemporalArrayStorage(
+        url, field_groups, storage_options=storage_options or {}, **options
+    )
+    with storage.sync_writer() as writer:
+        for shard, record in zip(shards, records, strict=True):
+            writer.append(shard, record)
+
+
+def open_storage(location: Location, **options: Any) -> TemporalArrayStorage:
+    return TemporalArrayStorage(location.url, storage_options=location.storage_options, **options)
+
+
+def assert_window(
+    got: dict[str, np.ndarray],
+    record: dict[str, np.ndarray],
+    start: int,
+    frames: int,
+    fields: Any,
+    *,
+    owned: bool = True,
+) -> None:
+    names = FIELDS if fields is None else list(fields)
+    assert list(got) == names
+    for name in names:
+        want = record[name][start : start + frames]
+        array = got[name]
+        assert array.dtype == want.dtype and array.shape == want.shape, name
+        assert np.array_equal(array, want), name
+        if owned:  # not checkable after pickling: numpy rebuilds arrays over the pickle's buffer
+            assert array.flags.owndata and array.flags.writeable and array.flags.c_contiguous
+
+
+def random_windows(count: int, seed: int) -> list[tuple[int, int, int]]:
+    rng = np.random.default_rng(seed)
+    windows = []
+    for _ in range(count):
+        record = int(rng.integers(len(EXPECTED)))
+        total = FRAMES[ORDER[record]]
+        frames = int(rng.integers(1, total + 1))
+        start = int(rng.integers(0, total - frames + 1))
+        windows.append((record, start, frames))
+    return windows
+
+
+SELECTIONS = [None, ["features", "pose"], ["clock"], ["pose", "valid"], ["valid", "clock", "pose"]]
+
+
+# -- reading against the ground truth -----------------------------------------------------------
+def test_records_come_back_whole_in_shard_order_with_their_frame_counts(
+    location: Location,
+) -> None:
+    write(location.url, storage_options=location.storage_options, **SMALL)
+    storage = open_storage(location)
+    assert len(storage) == len(RECORDS)
+    counts = storage.frame_counts
+    assert counts.dtype == np.int64
+    assert counts.tolist() == [FRAMES[i] for i in ORDER]
+    assert storage.fields == FIELDS
+    for index, record in enumerate(EXPECTED):
+        assert_window(storage[index], record, 0, len(record["clock"]), None)
+    assert_window(storage[-1], EXPECTED[-1], 0, len(EXPECTED[-1]["clock"]), None)
+
+
+def test_sync_windows_of_any_fields_equal_numpy_slices(location: Location) -> None:
+    write(location.url, storage_options=location.storage_options, **SMALL)
+    storage = open_storage(location)
+    for number, (record, start, frames) in enumerate(random_windows(60, seed=1)):
+        fields = SELECTIONS[number % len(SELECTIONS)]
+        got = storage.read_window(record, start, frames, fields)
+        assert_window(got, EXPECTED[record], start, frames, fields)
+
+
+def test_concurrent_async_windows_equal_numpy_slices(location: Location) -> None:
+    write(location.url, storage_options=location.storage_options, **SMALL)
+    storage = open_storage(location)
+    windows = random_windows(40, seed=2)
+
+    async def main() -> list[dict[str, np.ndarray]]:
+        return await asyncio.gather(
+            *(
+                storage.aread_window(r, s, f, SELECTIONS[n % len(SELECTIONS)])
+                for n, (r, s, f) in enumerate(windows)
+            )
+        )
+
+    results = asyncio.run(main())
+    for number, ((record, start, frames), got) in enumerate(zip(windows, results, strict=True)):
+        assert_window(got, EXPECTED[record], start, frames, SELECTIONS[number % len(SELECTIONS)])
+
+
+def test_every_field_type_and_trailing_shape_round_trips(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    records = []
+    for frames in (5, 17):
+        records.append(
+            {
+                "i8": rng.integers(-100, 100, size=(frames,), dtype=np.int8),
+                "u16": rng.integers(0, 60000, size=(frames, 3), dtype=np.uint16),
+                "f16": rng.standard_normal((frames, 2, 3)).astype(np.float16),
+                "c64": (rng.standard_normal((frames, 2)) + 1j).astype(np.complex64),
+                "big": rng.standard_normal((frames, 4)).astype(">f8"),
+                "flag": rng.random((frames, 2)) > 0.5,
+            }
+        )
+    groups = [["i8", "c64", "flag"], ["f16", "big"]]
+    write(str(tmp_path / "ds"), records, [0, 0], field_groups=groups, chunk_bytes=64)
+    storage = TemporalArrayStorage(tmp_path / "ds")
+    for index, record in enumerate(records):
+        got = storage[index]
+        for name, want in record.items():
+            assert got[name].dtype == want.dtype.newbyteorder("<"), name
+            assert got[name].shape == want.shape and np.array_equal(got[name], want), name
+    window = storage.read_window(1, 3, 9, ["big", "u16"])
+    assert np.array_equal(window["big"], records[1]["big"][3:12])
+    assert np.array_equal(window["u16"], records[1]["u16"][3:12])
+
+
+def test_torch_tensors_are_accepted_on_write(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    record = {
+        "features": torch.arange(24, dtype=torch.float32).reshape(6, 4),
+        "valid": torch.tensor([True, False, True, True, False, True]),
+        "ids": torch.arange(6, dtype=torch.int64),
+    }
+    write(str(tmp_path / "ds"), [record], [0], field_groups=[["valid", "ids"]])
+    got = TemporalArrayStorage(tmp_path / "ds").read_window(0, 1, 4)
+    for name, tensor in record.items():
+        assert np.array_equal(got[name], tensor.numpy()[1:5]), name
+        assert got[name].dtype == tensor.numpy().dtype
+
+
+def test_a_torch_tensor_without_a_numpy_dtype_is_refused_by_name(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    storage = TemporalArrayStorage(tmp_path / "ds")
+    with (
+        storage.sync_writer() as writer,
+        pytest.raises(InvalidRecordError, match=r"'features'.*bfloat16"),
+    ):
+        writer.append(0, {"features": torch.zeros((3, 2), dtype=torch.bfloat16)})
+
+
+def test_fields_empty_returns_an_empty_dict_without_requests(tmp_path: Path) -> None:
+    write(str(tmp_path / "ds"))
+    storage = TemporalArrayStorage(tmp_path / "ds")
+    storage.frame_counts  # noqa: B018 - opens
+    before = storage.stats.copy()
+    assert storage.read_window(2, 3, 4, []) == {}
+    assert asyncio.run(storage.aread_window(2, 3, 4, [])) == {}
+    assert (storage.stats - before).requests == 0
+
+
+def test_an_empty_dataset_has_no_records(tmp_path: Path) -> None:
+    with TemporalArrayStorage(tmp_path / "ds").sync_writer():
+        pass
+    storage = TemporalArrayStorage(tmp_path / "ds")
+    assert len(storage) == 0
+    assert storage.frame_counts.tolist() == []
+    with pytest.raises(OutOfRangeError, match="0 records"):
+        storage.read_window(0, 0, 1)
+
+
+def test_group_arrays_and_the_frame_index_are_zarr_arrays_zarr_python_reads(
+    tmp_path: Path,
+) -> None:
+    write(str(tmp_path / "ds"), **SMALL)
+    root = json.loads((tmp_path / "ds" / "zarr.json").read_text())["attributes"]["rangestream"]
+    prefix = tmp_path / "ds" / root["data_prefix"]
+    for shard in sorted(set(SHARDS)):
+        mine = [RECORDS[i] for i in range(len(SHARDS)) if SHARDS[i] == shard]
+        features = zarr.open_array(prefix / "shards" / str(shard) / "features", mode="r")
+        assert features.dtype == np.float32
+        assert np.array_equal(features[:], np.concatenate([r["features"] for r in mine]))
+        group = zarr.open_array(prefix / "shards" / str(shard) / "group_1", mode="r")
+        assert group.attrs["rangestream_fields"] == ["clock", "valid", "pose"]
+        rows = np.ascontiguousarray(group[:]).view(
+            np.dtype([("clock", "<f8"), ("valid", "?"), ("pose", "<f4", (7,))])
+        )[:, 0]
+        for name in ("clock", "valid", "pose"):
+            assert np.array_equal(rows[name], np.concatenate([r[name] for r in mine])), name
+    ends = zarr.open_array(prefix / "index" / "record_frame_ends", mode="r")[:]
+    per_shard = [
+        np.cumsum([FRAMES[i] for i in range(len(SHARDS)) if SHARDS[i] == shard])
+        for shard in sorted(set(SHARDS))
+    ]
+    assert ends.tolist() == np.concatenate(per_shard).tolist()
+
+
+# -- the request contract --------------------------------------------------------------------
+def block_geometry(location: Location) -> dict[str, tuple[int, int, int]]:
+    """Per array read by a features+pose window: (block rows, inner chunk rows, stored bytes
+    per inner chunk), from the Zarr metadata as zarr-python reads it."""
+    fs_options = location.storage_options
+    root = zarr.open_group(location.url, mode="r", storage_options=fs_options or None)
+    prefix = root.attrs["rangestream"]["data_prefix"]
+    geometry = {}
+    for array in ("features", "group_1"):
+        stored = zarr.open_array(
+            f"{location.url}/{prefix}/shards/{SHARDS[0]}/{array}",
+            mode="r",
+            storage_options=fs_options or None,
+        )
+        block_rows, chunk_rows = stored.shards[0], stored.chunks[0]  # type: ignore[index]
+        row_nbytes = stored.dtype.itemsize * int(np.prod(stored.shape[1:]))
+        geometry[array] = (block_rows, chunk_rows, chunk_rows * row_nbytes + 4)
+    return geometry
+
+
+def expected_cost(
+    geometry: dict[str, tuple[int, int, int]], record: int, start: int, frames: int
+) -> tuple[int, int]:
+    """Requests and bytes a features+pose window must cost, from the stored geometry."""
+    original = ORDER[record]
+    shard = SHARDS[original]
+    offset = sum(FRAMES[i] for i in range(original) if SHARDS[i] == shard)
+    first, stop = offset + start, offset + start + frames
+    requests = nbytes = 0
+    for block_rows, chunk_rows, stored in geometry.values():
+        for block in range(first // block_rows, (stop - 1) // block_rows + 1):
+            low = max(first, block * block_rows) - block * block_rows
+            high = min(stop, (block + 1) * block_rows) - block * block_rows
+            requests += 1
+            nbytes += ((high - 1) // chunk_rows - low // chunk_rows + 1) * stored
+    return requests, nbytes
+
+
+def test_opening_reads_two_objects_and_every_window_one_range_per_group(
+    location: Location,
+) -> None:
+    write(location.url, storage_options=location.storage_options)  # default 4 MiB blocks
+    storage = open_storage(location)
+    storage.frame_counts  # noqa: B018 - opens: the root document and the frame index
+    assert storage.stats.requests == 2
+    geometry = block_geometry(location)
+    for record, start, frames in [(4, 10, 64), *random_windows(20, seed=4)]:
+        before = storage.stats.copy()
+        storage.read_window(record, start, frames, ["features", "pose"])
+        spent = storage.stats - before
+        assert spent.requests == 2
+        assert spent.by_key_kind == {"features": 1, "group_1": 1}
+        assert (spent.requests, spent.bytes) == expected_cost(geometry, record, start, frames)
+
+
+def test_the_first_async_window_after_opening_costs_one_range_per_group(
+    location: Location,
+) -> None:
+    write(location.url, storage_options=location.storage_options)
+    storage = open_storage(location)
+    got = asyncio.run(storage.aread_window(5, 100, 96, ["features", "pose"]))
+    assert_window(got, EXPECTED[5], 100, 96, ["features", "pose"])
+    assert storage.stats.requests == 2 + 2
+    assert storage.stats.by_key_kind == {
+        "zarr.json": 1,
+        "record_frame_ends": 1,
+        "features": 1,
+        "group_1": 1,
+    }
+
+
+def test_a_window_costs_one_more_range_per_block_boundary_it_crosses(tmp_path: Path) -> None:
+    location = Location(str(tmp_path / "ds"), {})
+    write(location.url, **SMALL)
+    storage = open_storage(location)
+    storage.frame_counts  # noqa: B018
+    geometry = block_geometry(location)
+    crossed = 0
+    for record, start, frames in random_windows(40, seed=5):
+        before = storage.stats.copy()
+        storage.read_window(record, start, frames, ["features", "pose"])
+        spent = storage.stats - before
+        expected = expected_cost(geometry, record, start, frames)
+        assert (spent.requests, spent.bytes) == expected
+        crossed += expected[0] > 2
+    assert crossed > 10  # the small blocks did make windows cross
+
+
+def test_without_dense_chunks_each_block_index_is_fetched_once_then_cached(
+    tmp_path: Path,
+) -> None:
+    write(str(tmp_path / "ds"), dense_chunks=False)
+    storage = TemporalArrayStorage(tmp_path / "ds")
+    storage.frame_counts  # noqa: B018
+    assert storage.stats.requests == 3  # root, index block's chunk index, index data
+    before = storage.stats.copy()
+    assert_window(storage.read_window(6, 10, 50, ["features", "pose"]), EXPECTED[6], 10, 50,
+                  ["features", "pose"])  # fmt: skip
+    assert (storage.stats - before).requests == 4  # two chunk indexes, two ranges
+    before = storage.stats.copy()
+    assert_window(storage.read_window(7, 0, 9, ["pose"]), EXPECTED[7], 0, 9, ["pose"])
+    assert (storage.stats - before).requests == 1
+
+
+def test_a_corrupted_chunk_is_named_by_the_windows_that_read_it(tmp_path: Path) -> None:
+    write(str(tmp_path / "ds"), **SMALL)  # features: 4 rows (256 B + 4 B crc) per inner chunk
+    root = json.loads((tmp_path / "ds" / "zarr.json").read_text())["attributes"]["rangestream"]
+    block = tmp_path / "ds" / root["data_prefix"] / "shards" / "0" / "features" / "c" / "0" / "0"
+    data = bytearray(block.read_bytes())
+    data[2 * 260 + 77] ^= 0xFF  # inner chunk 2: rows 8..11 of shard 0
+    block.write_bytes(bytes(data))
+    storage = TemporalArrayStorage(tmp_path / "ds")
+    # EXPECTED[1] is shard 0's second record: its frames start at shard row 1
+    with pytest.raises(ChecksumError, match=r"features/c/0/0 .*inner chunk 2 of the block"):
+        storage.read_window(1, 0, 20, ["features"])  # rows 1..20: chunks 0..5
+    with pytest.raises(ChecksumError, match="inner chunk 2"):
+        asyncio.run(storage.aread_window(1, 5, 4, ["features", "pose"]))
+    untouched = storage.read_window(1, 12, 10, ["features"])  # rows 13..22: chunks 3..5
+    assert_window(untouched, EXPECTED[1], 12, 10, ["features"])
+    unchecked = TemporalArrayStorage(tmp_path / "ds", verify_checksums=False)
+    assert not np.array_equal(
+        unchecked.read_window(1, 0, 20, ["features"])["features"], EXPECTED[1]["features"][:20]
+    )
+
+
+# -- concurrency and cancellation ------------------------------------------------------------
+class CountingStore(LocalStore):
+    """A local store whose async range reads wait (a delay or a gate) and count in flight."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
+        self.in_flight = 0
+        self.peak = 0
+        self.delay = 0.02
+        self.gate: asyncio.Event | None = None
+
+    async def get_range(self, key: str, start: int, end: int) -> bytes:
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        try:
+            if self.gate is not None:
+                await self.gate.wait()
+            else:
+                await asyncio.sleep(self.delay)
+            return await super().get_range(key, start, end)
+        finally:
+            self.in_flight -= 1
+
+
+class CountingStorage(TemporalArrayStorage):
+    def _new_store(self) -> ObjectStore:
+        self.store = CountingStore(self.url)
+        return self.store
+
+
+@pytest.fixture
+def ungrouped(tmp_path: Path) -> CountingStorage:
+    """Every field alone: a window of all four fields is four ranges."""
+    write(str(tmp_path / "ds"), field_groups=None)
+    storage = CountingStorage(str(tmp_path / "ds"))
+    storage.frame_counts  # noqa: B018
+    return storage
+
+
+def test_max_concurrent_reads_bounds_the_requests_of_one_call(ungrouped: CountingStorage) -> None:
+    asyncio.run(ungrouped.aread_window(6, 0, 50, max_concurrent_reads=2))
+    assert ungrouped.store.peak == 2
+    ungrouped.store.peak = 0
+    got = asyncio.run(ungrouped.aread_window(6, 0, 50, max_concurrent_reads=8))
+    assert ungrouped.store.peak == 4
+    assert_window(got, EXPECTED[6], 0, 50, None)
+
+
+def test_the_process_bound_holds_across_concurrent_calls(ungrouped: CountingStorage) -> None:
+    async def main() -> list[dict[str, np.ndarray]]:
+        return await asyncio.gather(
+            *(ungrouped.aread_window(r, s, f, ["pose"]) for r, s, f in random_windows(12, 6))
+        )
+
+    set_process_max_concurrency(3)
+    try:
+        results = asyncio.run(main())
+    finally:
+        set_process_max_concurrency(DEFAULT_PROCESS_MAX_CONCURRENCY)
+    assert ungrouped.store.peak == 3
+    for (record, start, frames), got in zip(random_windows(12, 6), results, strict=True):
+        assert_window(got, EXPECTED[record], start, frames, ["pose"])
+
+
+def test_cancelling_a_call_drains_its_requests_and_spares_the_others(
+    ungrouped: CountingStorage,
+) -> None:
+    store = ungrouped.store
+
+    async def main() -> None:
+        store.gate = asyncio.Event()
+        victim = asyncio.create_task(ungrouped.aread_window(6, 0, 50))
+        survivor = asyncio.create_task(ungrouped.aread_window(2, 5, 30, ["pose"]))
+        while store.in_flight < 5:
+            await asyncio.sleep(0.001)
+        victim.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await victim
+        assert store.in_flight == 1  # the victim's four requests are gone, not orphaned
+        store.gate.set()
+        assert_window(await survivor, EXPECTED[2], 5, 30, ["pose"])
+        assert store.in_flight == 0
+
+    asyncio.run(main())
+    store.gate = None
+    assert_window(asyncio.run(ungrouped.aread_window(6, 0, 50)), EXPECTED[6], 0, 50, None)
+
+
+def test_async_windows_work_from_several_event_loops_in_turn(tmp_path: Path) -> None:
+    write(str(tmp_path / "ds"))
+    storage = TemporalArrayStorage(tmp_path / "ds")
+    for record in range(3):
+        got = asyncio.run(storage.aread_window(record, 0, 1, ["clock"]))
+        assert_window(got, EXPECTED[record], 0, 1, ["clock"])
+    assert storage.stats.by_key_kind["zarr.json"] == 1  # opened once per process
+
+
+def test_closing_releases_connections_and_later_reads_reopen_them(location: Location) -> None:
+    write(location.url, storage_options=location.storage_options)
+    storage = open_storage(location)
+    storage.close()  # never opened: nothing to release
+    assert_window(storage.read_window(4, 3, 5), EXPECTED[4], 3, 5, None)
+    storage.close()
+    assert_window(storage.read_window(4, 9, 5), EXPECTED[4], 9, 5, None)
+
+    async def main() -> dict[str, np.ndarray]:
+        got = await storage.aread_window(5, 1, 2, ["pose"])
+        await storage.aclose()
+        return got
+
+    assert_window(asyncio.run(main()), EXPECTED[5], 1, 2, ["pose"])
+    assert storage.stats.by_key_kind["zarr.json"] == 1  # closing kept the frame index
+
+
+# -- processes -----------------------------------------------------------------------------------
+_INHERITED: TemporalArrayStorage | None = None
+
+
+def _read_in_child(window: tuple[int, int, int]) -> dict[str, np.ndarray]:
+    assert _INHERITED is not None
+    return _INHERITED.read_window(*window, ["features", "clock"])
+
+
+def test_a_storage_used_in_the_parent_reads_correctly_in_forked_children(
+    tmp_path: Path,
+) -> None:
+    global _INHERITED
+    write(str(tmp_path / "ds"), **SMALL)
+    _INHERITED = TemporalArrayStorage(tmp_path / "ds")
+    _INHERITED.read_window(3, 0, 2)  # parent opened files and loaded the index
+    windows = random_windows(6, seed=7)
+    context = multiprocessing.get_context("fork")
+    try:
+        with ProcessPoolExecutor(2, mp_context=context) as pool:
+            results = list(pool.map(_read_in_child, windows))
+    finally:
+        _INHERITED = None
+    for (record, start, frames), got in zip(windows, results, strict=True):
+        assert_window(got, EXPECTED[record], start, frames, ["features", "clock"], owned=False)
+
+
+def test_a_used_storage_pickles_small_and_reads_after_unpickling(tmp_path: Path) -> None:
+    write(str(tmp_path / "ds"))
+    storage = TemporalArrayStorage(tmp_path / "ds")
+    storage.read_window(5, 0, 300)
+    payload = pickle.dumps(storage)
+    assert len(payload) < 2048  # no manifest, index or arrays travel with it
+    clone = pickle.loads(payload)
+    assert clone.stats.requests == 0
+    assert_window(clone.read_window(5, 7, 100), EXPECTED[5], 7, 100, None)
+
+
+# -- bad windows and fields ------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def written(tmp_path_factory: pytest.TempPathFactory) -> TemporalArrayStorage:
+    path = tmp_path_factory.mktemp("written") / "ds"
+    write(str(path))
+    return TemporalArrayStorage(path)
+
+
+@pytest.mark.parametrize(
+    ("start", "frames"),
+    [(-1, 5), (0, 38), (30, 8), (37, 1), (0, 0), (3, -2)],
+    ids=["negative-start", "past-end", "overhang", "start-at-end", "zero-frames", "negative"],
+)
+def test_a_window_outside_the_record_is_refused_without_padding(
+    written: TemporalArrayStorage, start: int, frames: int
+) -> None:
+    record = ORDER.index(0)  # 37 frames
+    with pytest.raises(WindowError, match=f"record {record}"):
+        written.read_window(record, start, frames)
+    with pytest.raises(WindowError):
+        asyncio.run(written.aread_window(record, start, frames))
+
+
+def test_a_record_index_outside_the_dataset_is_refused(written: TemporalArrayStorage) -> None:
+    for record in (-1, len(RECORDS)):
+        with pytest.raises(OutOfRangeError, match=f"record {record} is outside"):
+            written.read_window(record, 0, 1)
+    with pytest.raises(OutOfRangeError):
+        written[len(RECORDS)]
+    with pytest.raises(TypeError, match="integer"):
+        written.read_window(1.5, 0, 1)  # type: ignore[arg-type]
+
+
+def test_an_unknown_field_is_refused_with_the_known_ones(written: TemporalArrayStorage) -> None:
+    with pytest.raises(UnknownFieldError, match=r"\['speed'\].*'features', 'clock'") as caught:
+        written.read_window(0, 0, 1, ["pose", "speed"])
+    assert isinstance(caught.value, KeyError)
+    with pytest.raises(TypeError, match="list of field names"):
+        written.read_window(0, 0, 1, "pose")  # type: ignore[arg-type]
+
+
+def test_reading_with_other_field_groups_than_stored_is_refused(tmp_path: Path) -> None:
+    write(str(tmp_path / "ds"))
+    with pytest.raises(SchemaMismatchError, match="stores field groups"):
+        TemporalArrayStorage(tmp_path / "ds", field_groups=[["clock", "pose"]]).frame_counts  # noqa: B018
+    same = TemporalArrayStorage(tmp_path / "ds", field_groups=[["pose", "clock", "valid"]])
+    assert len(same) == len(RECORDS)
+
+
+def test_a_missing_dataset_or_another_kind_is_refused_by_url(tmp_path: Path) -> None:
+    with pytest.raises(DatasetNotFoundError, match="no dataset at"):
+        TemporalArrayStorage(tmp_path / "nothing").frame_counts  # noqa: B018
+    stream = StreamStorage(tmp_path / "stream", StreamNumpyFormat(np.dtype([("t", "<i4")])))
+    with stream.sync_writer() as writer:
+        writer.append(0, {"t": np.arange(3, dtype=np.int32)})
+    with pytest.raises(SchemaMismatchError, match="'stream' dataset"):
+        TemporalArrayStorage(tmp_path / "stream").frame_counts  # noqa: B018
+
+
+# -- bad records: refused by name, nothing partial written ----------------------------------------
+def _bad(**changes: Any) -> dict[str, Any]:
+    record: dict[str, Any] = dict(make_record(99, 10))
+    for name, value in changes.items():
+        if value is None:
+            del record[name]
+        else:
+            record[name] = value
+    return record
+
+
+BAD_RECORDS = {
+    "missing-field": (_bad(pose=None), r"missing \['pose'\]"),
+    "extra-field": (_bad(speed=np.zeros(10)), r"unexpected \['speed'\]"),
+    "dtype": (
+        _bad(clock=np.zeros(10, np.float32)),
+        "'clock': expected dtype float64, found float32",
+    ),
+    "trailing-shape": (_bad(pose=np.zeros((10, 6), np.float32)), r"'pose'.*\(7,\).*\(6,\)"),
+    "frame-counts": (_bad(valid=np.ones(9, bool)), "same number of frames.*valid: 9"),
+    "object": (_bad(clock=np.array([object()] * 10)), "'clock' has dtype object"),
+    "string": (_bad(clock=np.array(["a"] * 10)), "'clock' has dtype <U1"),
+    "not-an-array": (_bad(clock=[0.0] * 10), "'clock' must be a numpy array"),
+    "scalar": (_bad(clock=np.array(1.0)), "'clock' is a scalar"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_RECORDS))
+def test_a_bad_record_is_refused_by_name_and_writes_nothing(tmp_path: Path, case: str) -> None:
+    record, message = BAD_RECORDS[case]
+    storage = TemporalArrayStorage(tmp_path / "ds", field_groups=GROUPS)
+    with storage.sync_writer() as writer:
+        writer.append(0, RECORDS[0])
+        with pytest.raises(InvalidRecordError, match=message):
+            writer.append(0, record)
+        writer.append(0, RECORDS[1])
+    written = TemporalArrayStorage(tmp_path / "ds")
+    assert written.frame_counts.tolist() == [FRAMES[0], FRAMES[1]]
+    assert_window(written[1], RECORDS[1], 0, FRAMES[1], None)
+
+
+def test_a_zero_frame_record_is_refused(tmp_path: Path) -> None:
+    storage = TemporalArrayStorage(tmp_path / "ds")
+    with storage.sync_writer() as writer, pytest.raises(InvalidRecordError, match="zero frames"):
+        writer.append(0, make_record(0, 0))
+
+
+@pytest.mark.parametrize(
+    ("record", "message"),
+    [
+        ({}, "at least one field"),
+        ([np.zeros(3)], "mapping"),
+        ({"x": np.zeros((3, 0))}, "trailing dimensions must be non-zero"),
+    ],
+    ids=["empty", "not-a-mapping", "zero-width"],
+)
+def test_a_first_record_that_cannot_define_a_schema_is_refused(
+    tmp_path: Path, record: Any, message: str
+) -> None:
+    storage = TemporalArrayStorage(tmp_path / "ds")
+    with storage.sync_writer() as writer:
+        with pytest.raises(InvalidRecordError, match=message):
+            writer.append(0, record)
+        writer.append(0, RECORDS[0])  # the schema comes from the first good record
+    assert len(TemporalArrayStorage(tmp_path / "ds")) == 1
+
+
+def test_field_groups_must_name_each_field_once_and_only_fields_of_the_record(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(ValueError, match="'pose' is listed in field_groups\\[0\\] and"):
+        TemporalArrayStorage(tmp_path / "ds", field_groups=[["pose", "clock"], ["pose"]])
+    storage = TemporalArrayStorage(tmp_path / "ds", field_groups=[["pose", "speed"]])
+    with (
+        pytest.raises(InvalidRecordError, match="'speed', which the record does not have"),
+        storage.sync_writer() as writer,
+    ):
+        writer.append(0, RECORDS[0])
+    assert not storage.exists()
+
+
+def test_an_error_escaping_the_writer_commits_nothing(location: Location) -> None:
+    storage = TemporalArrayStorage(location.url, storage_options=location.storage_options)
+    with pytest.raises(InvalidRecordError), storage.sync_writer() as writer:
+        writer.append(0, RECORDS[0])
+        writer.append(1, _bad(pose=None))
+    assert not storage.exists()
+
+
+def test_parallel_writers_with_different_schemas_commit_nothing(tmp_path: Path) -> None:
+    storage = TemporalArrayStorage(tmp_path / "ds", field_groups=GROUPS)
+    session = storage.parallel_write()
+    with session.sync_writer() as writer:
+        writer.append(0, RECORDS[0])
+    with session.sync_writer() as writer:
+        writer.append(1, _bad(pose=np.zeros((10, 3), np.float32)))
+    with pytest.raises(
+        SchemaMismatchError, match=r"'pose'.*\(frames, [37]\) vs .*\(frames, [37]\)"
+    ):
+        session.commit()
+    assert not storage.exists()
