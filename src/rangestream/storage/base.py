@@ -28,6 +28,7 @@ from rangestream.io.range_reader import (
 )
 from rangestream.io.ranges import ObjectRequest
 from rangestream.io.retry import RetryPolicy
+from rangestream.io.retrying_store import RetryingStore
 from rangestream.io.store import LocalStore, ObjectStore, open_store
 from rangestream.layout.block import ArrayLayout
 from rangestream.layout.manifest import ROOT_KEY, Manifest, parse_root
@@ -173,6 +174,13 @@ class Storage:
     def _new_store(self) -> ObjectStore:
         return open_store(self.url, self.storage_options)
 
+    def _new_write_store(self) -> ObjectStore:
+        """The store for writers and commits: remote calls retried like range reads."""
+        store = self._new_store()
+        if isinstance(store, LocalStore):  # local errors are not transient
+            return store
+        return RetryingStore(store, self.retry)
+
     # -- writing ------------------------------------------------------------------------
     def parallel_write(self, *, overwrite: bool = False) -> WriteSession:
         """Start a write that several processes share, each owning distinct shards.
@@ -191,7 +199,7 @@ class Storage:
         return new_session(self, overwrite)
 
     async def _probe(self) -> tuple[bool, Manifest | None]:
-        store = self._new_store()
+        store = self._new_write_store()
         try:
             return await read_committed(store)
         finally:

@@ -163,7 +163,7 @@ class WriteSession:
         """Delete everything written under this session's commit id."""
 
         async def delete() -> None:
-            store = self.storage._new_store()
+            store = self.storage._new_write_store()
             try:
                 await store.delete_prefix(self.prefix)
             finally:
@@ -173,7 +173,7 @@ class WriteSession:
 
     async def _commit(self) -> Manifest:
         storage = self.storage
-        store = storage._new_store()
+        store = storage._new_write_store()
         try:
             exists, previous = await read_committed(store)
             if exists and not self.overwrite:
@@ -284,7 +284,7 @@ class DatasetWriter:
         self.session = session
         self.storage = session.storage
         self.part_id = uuid.uuid4().hex
-        self._store = self.storage._new_store()
+        self._store = self.storage._new_write_store()
         self._uploader = _Uploader(self._store)
         self._layouts = self.storage._array_layouts()
         self._shards: dict[int, tuple[ShardEncoder, dict[str, _ArrayWriter]]] = {}
