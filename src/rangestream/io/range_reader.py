@@ -217,13 +217,16 @@ class RangeReader:
                 break
             try:
                 async with _process_semaphore():
-                    # the session is made once per loop, outside the per-request timeout
-                    await asyncio.wait_for(self.store.connect(), timeout=remaining)
-                    remaining = deadline - time.monotonic()
+                    if not self.store.is_connected():
+                        # the session is made once per loop, outside the per-request timeout
+                        await asyncio.wait_for(self.store.connect(), timeout=remaining)
+                        remaining = deadline - time.monotonic()
                     if isinstance(request, RangeRequest):
                         call = self.store.get_range(request.key, request.start, request.end)
                     elif isinstance(request, SuffixRequest):
                         call = self.store.get_suffix(request.key, request.nbytes)
+                    elif request.max_nbytes is not None:
+                        call = self.store.get_range(request.key, 0, request.max_nbytes + 1)
                     else:
                         call = self.store.get(request.key)
                     data = await asyncio.wait_for(
@@ -349,6 +352,8 @@ class RangeReader:
                 data = store.get_range_sync(request.key, request.start, request.end)
             elif isinstance(request, SuffixRequest):
                 data = store.get_suffix_sync(request.key, request.nbytes)
+            elif request.max_nbytes is not None:
+                data = store.get_range_sync(request.key, 0, request.max_nbytes + 1)
             else:
                 data = store.get_sync(request.key)
         except FileNotFoundError as error:

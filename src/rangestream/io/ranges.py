@@ -34,9 +34,15 @@ class SuffixRequest:
 
 @dataclass(frozen=True, slots=True)
 class ObjectRequest:
-    """The whole object at ``key`` (small metadata documents)."""
+    """The whole object at ``key`` (small metadata documents).
+
+    With ``max_nbytes``, at most that many bytes plus one are fetched (one range request),
+    so a hostile or damaged document cannot make a reader download gigabytes before it
+    is refused as too large.
+    """
 
     key: str
+    max_nbytes: int | None = None
 
 
 ByteRequest = RangeRequest | SuffixRequest | ObjectRequest

@@ -15,7 +15,12 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from rangestream.errors import EndpointUnreachableError, RetriesExhaustedError, StorageError
+from rangestream.errors import (
+    EndpointUnreachableError,
+    RangestreamError,
+    RetriesExhaustedError,
+    StorageError,
+)
 from rangestream.io.retry import RetryPolicy, is_transient, is_unreachable
 from rangestream.io.store import ObjectStore
 
@@ -39,8 +44,8 @@ async def with_retries(
             break
         try:
             return await asyncio.wait_for(call(), timeout=min(policy.request_timeout, remaining))
-        except (FileNotFoundError, FileExistsError, PermissionError):
-            raise
+        except (FileNotFoundError, FileExistsError, PermissionError, RangestreamError):
+            raise  # permanent, or already a library error naming what is wrong
         except Exception as error:
             if not is_transient(error):
                 raise StorageError(f"{where} failed: {error}") from error
@@ -68,7 +73,16 @@ class RetryingStore(ObjectStore):
     def describe(self, key: str) -> str:
         return self.inner.describe(key)
 
+    async def connect(self) -> None:
+        await self.inner.connect()
+
+    def is_connected(self) -> bool:
+        return self.inner.is_connected()
+
     async def _retry(self, what: str, key: str, call: Callable[[], Awaitable[T]]) -> T:
+        if not self.inner.is_connected():
+            # the session is made once per loop, outside any request's timeout
+            await self.inner.connect()
         return await with_retries(self.policy, call, f"{what} {self.describe(key)}", self._rng)
 
     async def get_range(self, key: str, start: int, end: int) -> bytes:

@@ -31,7 +31,7 @@ from rangestream.io.retry import RetryPolicy
 from rangestream.io.retrying_store import RetryingStore
 from rangestream.io.store import LocalStore, ObjectStore, open_store
 from rangestream.layout.block import ArrayLayout
-from rangestream.layout.manifest import ROOT_KEY, Manifest, parse_root
+from rangestream.layout.manifest import MAX_ROOT_BYTES, ROOT_KEY, Manifest, parse_root
 from rangestream.layout.rows import BlockIndexCache, RowRange, read_rows
 from rangestream.storage.writing import (
     CommittingWriter,
@@ -277,7 +277,7 @@ class OpenedStorage:
 
 
 def _open_program(storage: Storage) -> ReadProgram[Manifest]:
-    (raw,) = yield [ObjectRequest(ROOT_KEY)]
+    (raw,) = yield [ObjectRequest(ROOT_KEY, MAX_ROOT_BYTES)]
     manifest = parse_root(bytes(raw), f"{storage.url}/{ROOT_KEY}", storage.kind)
     storage._check_schema(manifest)
     return manifest

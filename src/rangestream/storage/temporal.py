@@ -51,7 +51,13 @@ from rangestream.io.range_reader import IOStats, RangeReader, ReadProgram
 from rangestream.io.ranges import ObjectRequest, RangeRequest
 from rangestream.io.store import LocalStore, ObjectStore
 from rangestream.layout.block import CRC32C_RESIDUE, ArrayLayout, encode_block
-from rangestream.layout.manifest import ROOT_KEY, Manifest, data_prefix, parse_root
+from rangestream.layout.manifest import (
+    MAX_ROOT_BYTES,
+    ROOT_KEY,
+    Manifest,
+    data_prefix,
+    parse_root,
+)
 from rangestream.layout.rows import BlockIndexCache, RowRange, read_rows
 from rangestream.layout.zarr_json import array_document, dumps
 from rangestream.storage.base import DEFAULT_BLOCK_BYTES, Storage, close_store_sync
@@ -651,7 +657,7 @@ class TemporalArrayStorage(Storage):
 
     def _open_program(self, store: ObjectStore, opened_root: list[bool]) -> ReadProgram[Any]:
         where = store.describe(ROOT_KEY)
-        (raw,) = yield [ObjectRequest(ROOT_KEY)]
+        (raw,) = yield [ObjectRequest(ROOT_KEY, MAX_ROOT_BYTES)]
         opened_root.append(True)
         manifest = parse_root(bytes(raw), where, self.kind)
         schema, index_layout = self._stored_schema(manifest, where)

@@ -1,0 +1,159 @@
+"""``rangestream verify``: a clean dataset passes; each kind of damage is found and named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from support.s3 import Location
+
+from rangestream.cli.main import main
+from rangestream.layout.block import encode_block
+from rangestream.storage.verify import verify_dataset
+
+from .datasets import SMALL, RawObjects, write_documents, write_tokens
+
+STORED_CHUNK = 68  # SMALL layout, 4-byte rows: 16 rows * 4 bytes + crc32c
+
+
+def verify(url: str, capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, str]:
+    code = main(["verify", url, *extra])
+    return code, capsys.readouterr().out
+
+
+@pytest.fixture
+def tokens(tmp_path: Path) -> RawObjects:
+    write_tokens(str(tmp_path / "tokens"), seed=1, tokens_per_shard=3_000, **SMALL)
+    return RawObjects(str(tmp_path / "tokens"))
+
+
+@pytest.fixture
+def documents(tmp_path: Path) -> RawObjects:
+    write_documents(str(tmp_path / "docs"), seed=2, count=120, **SMALL)
+    return RawObjects(str(tmp_path / "docs"))
+
+
+def test_a_clean_dataset_passes_with_exit_code_0(
+    tokens: RawObjects, documents: RawObjects, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for raw, kind in ((tokens, "stream"), (documents, "document")):
+        code, out = verify(raw.url, capsys)
+        assert code == 0, out
+        assert "OK" in out and kind in out
+    report = verify_dataset(tokens.url)
+    # 3 shards of 3000 tokens in blocks of 256: 12 blocks each; record_ends in 1 block each
+    assert report.ok and report.blocks == 3 * 12 + 3 * 1
+    assert report.chunks >= 3 * 3000 // 16
+
+
+def test_a_flipped_byte_is_reported_with_its_object_and_byte_range(
+    tokens: RawObjects, capsys: pytest.CaptureFixture[str]
+) -> None:
+    key = tokens.block_key(1, "stream", 4)
+    tokens.flip(key, 5 * STORED_CHUNK + 7)
+    code, out = verify(tokens.url, capsys)
+    assert code == 1
+    assert f"{tokens.describe(key)} bytes [{5 * STORED_CHUNK}, {6 * STORED_CHUNK})" in out
+    assert "checksum mismatch in inner chunk 5" in out
+    assert "1 problem" in out
+
+
+def test_a_damaged_chunk_index_is_reported(
+    tokens: RawObjects, capsys: pytest.CaptureFixture[str]
+) -> None:
+    key = tokens.block_key(0, "stream", 0)
+    tokens.flip(key, len(tokens.get(key)) - 30)
+    code, out = verify(tokens.url, capsys)
+    assert code == 1 and "chunk index checksum mismatch" in out and tokens.describe(key) in out
+
+
+def test_a_truncated_object_is_reported_with_its_expected_size(
+    tokens: RawObjects, capsys: pytest.CaptureFixture[str]
+) -> None:
+    key = tokens.block_key(2, "stream", 3)
+    size = len(tokens.get(key))
+    tokens.truncate(key, 100)
+    code, out = verify(tokens.url, capsys)
+    assert code == 1
+    assert tokens.describe(key) in out
+    assert f"object is {size - 100} bytes" in out and f"make {size}" in out
+
+
+def test_a_missing_object_is_reported(
+    tokens: RawObjects, capsys: pytest.CaptureFixture[str]
+) -> None:
+    key = tokens.block_key(0, "stream", 7)
+    tokens.delete(key)
+    code, out = verify(tokens.url, capsys)
+    assert code == 1 and f"{tokens.describe(key)}: block object is missing" in out
+
+
+def test_document_offsets_that_decrease_or_leave_the_heap_are_reported(
+    documents: RawObjects, capsys: pytest.CaptureFixture[str]
+) -> None:
+    layout = documents.layout("payload_offsets")
+    key = documents.block_key(1, "payload_offsets", 0)
+    offsets = np.frombuffer(documents.get(key), dtype="<i8")  # first rows: the offsets
+    rows = offsets[:61].copy()  # shard 1 holds 60 documents: 61 offsets
+    rows[10], rows[11] = rows[11], rows[10]  # decrease at row 11; checksums stay valid
+    documents.put(key, encode_block(layout, rows.view(np.uint8)))
+    code, out = verify(documents.url, capsys)
+    assert code == 1 and "payload_offsets decrease at row 11" in out
+    rows = offsets[:61].copy()
+    rows[-1] += 5  # the last document ends past the heap
+    documents.put(key, encode_block(layout, rows.view(np.uint8)))
+    code, out = verify(documents.url, capsys)
+    assert code == 1 and "payload_offsets leave [0, " in out
+
+
+def test_record_ends_that_do_not_end_at_the_stream_length_are_reported(
+    tokens: RawObjects, capsys: pytest.CaptureFixture[str]
+) -> None:
+    layout = tokens.layout("record_ends")
+    key = tokens.block_key(2, "record_ends", 0)
+    length = tokens.root()["attributes"]["rangestream"]["shards"]["lengths"]["record_ends"][2]
+    ends = np.frombuffer(tokens.get(key), dtype="<i8")[:length].copy()
+    ends[-1] -= 1
+    tokens.put(key, encode_block(layout, ends.view(np.uint8)))
+    code, out = verify(tokens.url, capsys)
+    assert code == 1 and "record_ends end at 2999, expected 3000" in out
+
+
+def test_a_manifest_whose_lengths_disagree_with_the_objects_is_reported(
+    tokens: RawObjects, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tokens.root()
+    root["attributes"]["rangestream"]["shards"]["lengths"]["stream"][0] -= 600
+    tokens.put_root(root)
+    code, out = verify(tokens.url, capsys)
+    assert code == 1
+    assert "shape [3000, 4] disagrees with the manifest's length 2400" in out
+    assert f"{tokens.describe(tokens.block_key(0, 'stream', 11))}: object lies past" in out
+    assert "record_ends leave [0, 2400]" in out
+    assert "index/stream_length: values [3000, 3000, 3000] differ" in out
+
+
+def test_an_absent_dataset_exits_non_zero_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["verify", "--url", str(tmp_path / "nothing")]) == 2
+    assert "no dataset at" in capsys.readouterr().err
+
+
+def test_a_damaged_dataset_on_s3_is_found_through_the_endpoint_option(
+    s3_url: Location, capsys: pytest.CaptureFixture[str], monkeypatch: Any
+) -> None:
+    options = s3_url.storage_options
+    write_tokens(s3_url.url, options, seed=3, tokens_per_shard=2_000, **SMALL)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", options["key"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", options["secret"])
+    endpoint = ["--endpoint-url", options["client_kwargs"]["endpoint_url"]]
+    code, out = verify(s3_url.url, capsys, *endpoint)
+    assert code == 0, out
+    raw = RawObjects(s3_url.url, options)
+    key = raw.block_key(1, "stream", 2)
+    raw.flip(key, 3)
+    code, out = verify(s3_url.url, capsys, *endpoint)
+    assert code == 1 and f"{raw.describe(key)} bytes [0, {STORED_CHUNK})" in out
