@@ -186,7 +186,8 @@ def test_every_field_type_and_trailing_shape_round_trips(tmp_path: Path) -> None
 
 
 def test_torch_tensors_are_accepted_on_write(tmp_path: Path) -> None:
-    torch = pytest.importorskip("torch")
+    import torch
+
     record = {
         "features": torch.arange(24, dtype=torch.float32).reshape(6, 4),
         "valid": torch.tensor([True, False, True, True, False, True]),
@@ -200,7 +201,8 @@ def test_torch_tensors_are_accepted_on_write(tmp_path: Path) -> None:
 
 
 def test_a_torch_tensor_without_a_numpy_dtype_is_refused_by_name(tmp_path: Path) -> None:
-    torch = pytest.importorskip("torch")
+    import torch
+
     storage = TemporalArrayStorage(tmp_path / "ds")
     with (
         storage.sync_writer() as writer,

@@ -7,6 +7,7 @@ handed to DataLoader workers; every worker opens its own store, event loop and s
 
 from __future__ import annotations
 
+import abc
 import os
 from collections.abc import Mapping
 from typing import Any, ClassVar
@@ -47,7 +48,7 @@ DEFAULT_CHUNK_BYTES = 1024
 DEFAULT_BLOCK_BYTES = 4 * 1024 * 1024
 
 
-class Storage:
+class Storage(abc.ABC):
     """Base of the storage kinds; see ``StreamStorage`` and ``DocumentStorage``.
 
     Parameters
@@ -131,8 +132,9 @@ class Storage:
         )
 
     # -- hooks of the storage kinds --------------------------------------------------
+    @abc.abstractmethod
     def _array_layouts(self) -> dict[str, ArrayLayout]:
-        raise NotImplementedError
+        """The arrays every shard of a new write has, and their layouts."""
 
     def _array_attributes(self, name: str) -> dict[str, Any]:
         return {}
@@ -140,11 +142,12 @@ class Storage:
     def _schema(self) -> dict[str, Any]:
         return {}
 
-    def _check_schema(self, manifest: Manifest) -> None:
+    def _check_schema(self, manifest: Manifest) -> None:  # noqa: B027 - optional hook
         """Raise ``SchemaMismatchError`` if the caller's format differs from the stored one."""
 
+    @abc.abstractmethod
     def _shard_encoder(self) -> ShardEncoder:
-        raise NotImplementedError
+        """A fresh encoder for one shard of a writer."""
 
     def _bind_record(self, data: Any) -> Storage:
         """The storage that writes ``data`` and every later record of one writer.
@@ -163,7 +166,9 @@ class Storage:
         """
         return self
 
-    async def _write_derived_index(self, store: ObjectStore, manifest: Manifest) -> None:
+    async def _write_derived_index(  # noqa: B027 - optional hook
+        self, store: ObjectStore, manifest: Manifest
+    ) -> None:
         """Write index arrays computed from the written shards, before the commit publishes.
 
         Kinds whose readers need a compact index of the whole dataset at open override this

@@ -10,6 +10,7 @@ fails or is abandoned leaves the previous commit (or nothing) visible.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import json
 import os
@@ -111,7 +112,7 @@ class _ArrayWriter:
         return self.length
 
 
-class ShardEncoder:
+class ShardEncoder(abc.ABC):
     """Turns one appended record into the rows it adds to each array of a shard.
 
     Storage kinds subclass this. ``encode`` must validate everything before returning, so
@@ -122,8 +123,9 @@ class ShardEncoder:
         """Rows every shard starts with (the leading 0 of an offsets array)."""
         return {}
 
+    @abc.abstractmethod
     def encode(self, data: Any, lengths: Mapping[str, int]) -> Mapping[str, np.ndarray]:
-        raise NotImplementedError
+        """The rows ``data`` adds to each array, given each array's current length."""
 
 
 def check_shard(shard: Any) -> int:
