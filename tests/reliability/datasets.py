@@ -21,7 +21,9 @@ from rangestream.types import DocumentStorageFormat
 
 TOKENS = np.dtype([("tokens", "<i4")])
 #: Small chunks and blocks: many objects and chunks from little data.
-SMALL = {"chunk_bytes": 64, "block_bytes": 1024}
+# 16 inner chunks of 64 bytes per block; block_bytes bounds the stored object: each chunk
+# adds its 4-byte crc32c and a 16-byte index entry, the index its own crc32c.
+SMALL = {"chunk_bytes": 64, "block_bytes": 16 * (64 + 4 + 16) + 4}
 
 
 class BytesFormat(DocumentStorageFormat[bytes, bytes]):

@@ -30,7 +30,9 @@ from rangestream.testing import FaultConfig, FaultKind, LatencyProxy, S3Endpoint
 
 from .datasets import TOKENS, BytesFormat, write_documents, write_tokens
 
-LAYOUT = {"chunk_bytes": 256, "block_bytes": 4096}  # 1024 tokens per block
+# 16 inner chunks of 64 tokens, 1024 tokens per block (block_bytes bounds the stored object:
+# data, a 4-byte crc32c and a 16-byte index entry per chunk, and the index's crc32c)
+LAYOUT = {"chunk_bytes": 256, "block_bytes": 16 * (256 + 4 + 16) + 4}
 #: Short timeouts so a slow response costs a fraction of a second, and quick backoff.
 POLICY = RetryPolicy(
     max_attempts=6, base_delay=0.01, max_delay=0.05, request_timeout=0.5, total_timeout=20

@@ -211,9 +211,12 @@ def test_a_window_inside_one_block_costs_one_request_once_the_block_is_known(
         chunks_touched = -(-200 // 16) + 1
         assert warm.bytes <= 200 * 4 + 2 * (64 + 4) + 4 * chunks_touched
         before = reader.stats.copy()
-        crossing = reader.read(9_900, 200)  # crosses from shard 0 into shard 1
-        np.testing.assert_array_equal(crossing["tokens"], np.arange(9_900, 10_100))
-        np.testing.assert_array_equal(crossing["shard"], [0] * 100 + [1] * 100)
+        # crosses from shard 0 into shard 1, inside the last block of shard 0
+        block_rows = reader.opened.manifest.arrays["stream"].block_rows
+        assert 10_000 % block_rows >= 10, "the window must not cross a block of shard 0"
+        crossing = reader.read(9_990, 20)
+        np.testing.assert_array_equal(crossing["tokens"], np.arange(9_990, 10_010))
+        np.testing.assert_array_equal(crossing["shard"], [0] * 10 + [1] * 10)
         spent = reader.stats - before
         assert spent.requests == (2 if dense_chunks else 4)
 

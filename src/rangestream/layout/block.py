@@ -84,10 +84,15 @@ class ArrayLayout:
         block_bytes: int,
         dense_chunks: bool = True,
     ) -> ArrayLayout:
-        """A layout whose inner chunks and blocks come close to the byte targets."""
+        """A layout whose inner chunks and stored blocks come close to the byte targets.
+
+        ``block_bytes`` bounds the whole stored object (chunks, their checksums and the
+        chunk index), so objects stay within a store's piece size when chosen to.
+        """
         row_nbytes = dtype.itemsize * math.prod(row_shape)
         chunk_rows = max(1, chunk_bytes // row_nbytes)
-        chunks_per_block = max(1, block_bytes // (chunk_rows * row_nbytes))
+        per_chunk = chunk_rows * row_nbytes + CRC_NBYTES + 16  # data, crc32c, index entry
+        chunks_per_block = max(1, (block_bytes - CRC_NBYTES) // per_chunk)
         return cls(dtype, tuple(row_shape), chunk_rows, chunk_rows * chunks_per_block, dense_chunks)
 
     @property

@@ -44,7 +44,7 @@ from rangestream.storage.writing import (
 
 #: Target size of one inner chunk: the unit of checksums and of over-fetch per window end.
 DEFAULT_CHUNK_BYTES = 1024
-#: Target size of one block (one stored object).
+#: Upper bound on one block (one stored object), its checksums and chunk index included.
 DEFAULT_BLOCK_BYTES = 4 * 1024 * 1024
 
 
