@@ -1,0 +1,105 @@
+"""``python -m benchmarks {setup,run,report}``: the one entry point of the harness.
+
+- ``setup``: install the peers (LitData into this environment without its torchvision
+  dependency; MosaicML Streaming into its own virtualenv). Idempotent.
+- ``run [--quick] [--only WORKLOAD] [--systems A,B] [--latency-ms 20]``: generate data, start
+  the S3 server and proxy, measure every system on the same windows, write
+  ``docs/benchmarks.md`` and ``docs/benchmarks.png``. Installs what is missing first.
+- ``report``: re-render the docs from the last results file (no measuring).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import shutil
+import sys
+from pathlib import Path
+
+from benchmarks.config import (
+    FULL_BUDGET,
+    FULL_SIZES,
+    QUICK_BUDGET,
+    QUICK_SIZES,
+    WORK_DIR,
+    WORKLOADS,
+    RunConfig,
+)
+
+# Hard upper bounds for the measuring phase; budgets are sized to finish well inside them.
+FULL_DEADLINE_S = 27 * 60
+QUICK_DEADLINE_S = 4.5 * 60
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("setup", help="install the peers (idempotent)")
+    s.add_argument("--no-main", action="store_true", help="skip the main environment")
+    s.add_argument("--no-mosaic", action="store_true", help="skip the MosaicML virtualenv")
+    r = sub.add_parser("run", help="measure and write docs/benchmarks.md + .png")
+    r.add_argument("--quick", action="store_true", help="~2M tokens, short repeats (< 5 min)")
+    r.add_argument("--only", action="append", choices=WORKLOADS, help="workload (repeatable)")
+    r.add_argument("--systems", help="comma-separated system names (default: all)")
+    r.add_argument("--latency-ms", type=float, default=20.0, help="delay added per S3 request")
+    r.add_argument(
+        "--concurrency", default="1,16,64", help="comma-separated levels (default 1,16,64)"
+    )
+    r.add_argument("--no-setup", action="store_true", help="do not install missing peers")
+    r.add_argument(
+        "--reprepare",
+        metavar="FAMILIES",
+        help="comma-separated families (rangestream, litdata-window, litdata-dataset, mosaic, "
+        "ceiling) or 'all' whose prepared data is rewritten, e.g. after a format change",
+    )
+    r.add_argument("--out", type=Path, help="markdown path (default docs/benchmarks.md)")
+    rep = sub.add_parser("report", help="re-render docs from the last results")
+    rep.add_argument("--quick", action="store_true", help="use the last quick run's results")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = _parser().parse_args(argv)
+    from benchmarks import environment, report
+
+    if args.cmd == "setup":
+        environment.setup(main=not args.no_main, mosaic=not args.no_mosaic)
+        return 0
+    if args.cmd == "report":
+        report.write(WORK_DIR / f"results-{'quick' if args.quick else 'full'}.json")
+        return 0
+
+    from benchmarks.run import Orchestrator
+
+    if not args.no_setup:
+        for problem in environment.ensure():
+            print(f"warning: {problem}", file=sys.stderr)
+    config = RunConfig(
+        quick=args.quick,
+        latency_ms=args.latency_ms,
+        concurrency=tuple(int(c) for c in args.concurrency.split(",")),
+        workloads=tuple(args.only) if args.only else WORKLOADS,
+        systems=tuple(args.systems.split(",")) if args.systems else None,
+        sizes=QUICK_SIZES if args.quick else FULL_SIZES,
+        budget=QUICK_BUDGET if args.quick else FULL_BUDGET,
+    )
+    if args.reprepare:
+        drop = args.reprepare.split(",")
+        root = config.prepared_dir
+        for d in sorted(root.glob("*")) if root.exists() else []:
+            if "all" in drop or d.name in drop:
+                shutil.rmtree(d)
+    command = "python -m benchmarks " + shlex.join(argv)
+    orchestrator = Orchestrator(
+        config, command, QUICK_DEADLINE_S if args.quick else FULL_DEADLINE_S
+    )
+    results = orchestrator.run()
+    md = args.out
+    report.write(results, md, md.with_suffix(".png") if md else None)
+    print(f"wrote {md or 'docs/benchmarks.md'} and its plot; raw results in {results}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""Registry of measured systems.
+
+Entries name a module and class rather than importing them: the orchestrator must not
+import the peers (torch, litdata, MosaicML's packages live in other environments), and a
+system whose package is missing must still get its row ("not available") in the table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SystemEntry:
+    """Where a system lives and where it runs."""
+
+    name: str
+    module: str
+    cls: str
+    family: str  # systems of one family share prepared data
+    locations: tuple[str, ...]
+    interpreter: str = "main"  # "main" (this Python) or "mosaic" (benchmarks/.work/venv-mosaic)
+    in_quick: bool = True  # False: context-only systems skipped by --quick to keep it short
+
+
+REGISTRY: tuple[SystemEntry, ...] = (
+    SystemEntry("raw-memmap", "benchmarks.systems.raw", "RawMemmap", "raw", ("local",)),
+    SystemEntry("raw-pread", "benchmarks.systems.raw", "RawPread", "raw", ("local",)),
+    SystemEntry(
+        "s3-ceiling-aiohttp", "benchmarks.systems.s3_ceiling", "CeilingAiohttp", "ceiling",
+        ("s3",),
+    ),
+    SystemEntry(
+        "s3-ceiling-obstore", "benchmarks.systems.s3_ceiling", "CeilingObstore", "ceiling",
+        ("s3",),
+    ),
+    SystemEntry(
+        "s3-server-direct", "benchmarks.systems.s3_ceiling", "ServerDirectObstore", "ceiling",
+        ("s3",), in_quick=False,
+    ),
+    # rangestream: filled in by the library's lead (see rangestream_systems.py)
+    SystemEntry(
+        "rangestream-sync", "benchmarks.systems.rangestream_systems", "RangestreamSync",
+        "rangestream", ("local", "s3"),
+    ),
+    SystemEntry(
+        "rangestream-async", "benchmarks.systems.rangestream_systems", "RangestreamAsync",
+        "rangestream", ("local", "s3"),
+    ),
+    SystemEntry(
+        "rangestream-loader", "benchmarks.systems.rangestream_systems", "RangestreamLoader",
+        "rangestream", ("local", "s3"),
+    ),
+    SystemEntry(
+        "litdata-window", "benchmarks.systems.litdata_systems", "LitDataWindow",
+        "litdata-window", ("local", "s3"),
+    ),
+    SystemEntry(
+        "litdata-dataset", "benchmarks.systems.litdata_systems", "LitDataDataset",
+        "litdata-dataset", ("local", "s3"),
+    ),
+    SystemEntry(
+        "litdata-loader", "benchmarks.systems.litdata_systems", "LitDataLoader",
+        "litdata-dataset", ("local", "s3"),
+    ),
+    SystemEntry(
+        "mosaic-dataset", "benchmarks.systems.mosaic_systems", "MosaicDataset", "mosaic",
+        ("local", "s3"), interpreter="mosaic",
+    ),
+    SystemEntry(
+        "mosaic-loader", "benchmarks.systems.mosaic_systems", "MosaicLoader", "mosaic",
+        ("local", "s3"), interpreter="mosaic",
+    ),
+)  # fmt: skip
+
+BY_NAME = {e.name: e for e in REGISTRY}
