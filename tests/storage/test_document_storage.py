@@ -75,17 +75,40 @@ def test_pickled_documents_round_trip_through_sync_and_async_readers(location: L
     assert asyncio.run(read_async()) == [in_order[7], in_order[59], in_order[0], in_order[30]]
 
 
-def test_a_batch_of_documents_costs_two_rounds_of_coalesced_requests(tmp_path: Path) -> None:
+def test_after_a_shards_offsets_are_cached_a_batch_costs_one_heap_request(
+    tmp_path: Path,
+) -> None:
     storage = DocumentStorage(tmp_path / "docs", RawBytes(), chunk_bytes=64, block_bytes=1 << 16)
     with storage.sync_writer() as writer:
         for i in range(200):
             writer.append(0, bytes([i % 256]) * 50)
     with storage.sync_reader() as reader:
         before = reader.stats.copy()
-        got = reader.read_many([10, 11, 12, 13])
-        spent = reader.stats - before
-    assert [payload for _, payload in got] == [bytes([i]) * 50 for i in (10, 11, 12, 13)]
-    assert spent.by_key_kind == {"payload_offsets": 1, "payload_heap": 1}
+        first = reader.read_many([10, 11, 12, 13])
+        cold = reader.stats - before
+        before = reader.stats.copy()
+        second = reader.read_many([100, 101, 102])
+        warm = reader.stats - before
+    assert [payload for _, payload in first] == [bytes([i]) * 50 for i in (10, 11, 12, 13)]
+    assert [payload for _, payload in second] == [bytes([i]) * 50 for i in (100, 101, 102)]
+    assert cold.by_key_kind == {"payload_offsets": 1, "payload_heap": 1}
+    assert warm.by_key_kind == {"payload_heap": 1}
+
+
+def test_offsets_beyond_the_cache_budget_are_read_per_batch(tmp_path: Path) -> None:
+    storage = DocumentStorage(
+        tmp_path / "docs", RawBytes(), chunk_bytes=64, block_bytes=1 << 16, offsets_cache_bytes=0
+    )
+    with storage.sync_writer() as writer:
+        for i in range(200):
+            writer.append(0, bytes([i % 256]) * 50)
+    with storage.sync_reader() as reader:
+        for batch in ([10, 11, 12], [150, 151]):
+            before = reader.stats.copy()
+            got = reader.read_many(batch)
+            spent = reader.stats - before
+            assert [payload for _, payload in got] == [bytes([i]) * 50 for i in batch]
+            assert spent.by_key_kind == {"payload_offsets": 1, "payload_heap": 1}
 
 
 def test_a_pack_that_returns_no_bytes_is_refused_and_nothing_is_written(tmp_path: Path) -> None:

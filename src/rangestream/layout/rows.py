@@ -8,7 +8,7 @@ the byte runs holding the rows, and returns each range's rows as a contiguous ar
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,6 +64,38 @@ class BlockIndexCache:
         self._entries.move_to_end(key)
         while len(self._entries) > self.max_blocks:
             self._entries.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+class ArrayCache:
+    """Arrays by key, least recently used evicted first once ``max_bytes`` is exceeded.
+
+    Readers keep small index structures here (a shard's document offsets, its coarse run
+    index, recent chunks of runs) so repeated reads skip a round of requests.
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.nbytes = 0
+        self._entries: OrderedDict[Hashable, np.ndarray] = OrderedDict()
+
+    def get(self, key: Hashable) -> np.ndarray | None:
+        entry = self._entries.get(key)
+        if entry is not None:
+            self._entries.move_to_end(key)
+        return entry
+
+    def put(self, key: Hashable, value: np.ndarray) -> None:
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self.nbytes -= old.nbytes
+        self._entries[key] = value
+        self.nbytes += value.nbytes
+        while self.nbytes > self.max_bytes and len(self._entries) > 1:
+            _, evicted = self._entries.popitem(last=False)
+            self.nbytes -= evicted.nbytes
 
     def __len__(self) -> int:
         return len(self._entries)

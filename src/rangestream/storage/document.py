@@ -19,6 +19,7 @@ from rangestream.io.range_reader import ReadProgram
 from rangestream.io.store import ObjectStore
 from rangestream.layout.block import ArrayLayout
 from rangestream.layout.manifest import Manifest
+from rangestream.layout.rows import ArrayCache
 from rangestream.storage.base import AsyncReaderBase, OpenedStorage, Storage, SyncReaderBase
 from rangestream.storage.writing import ShardEncoder
 from rangestream.types import DocumentStorageFormat
@@ -57,6 +58,10 @@ class OpenedDocuments(OpenedStorage):
         self.document_bounds = self.bounds("payload_offsets", minus=1)
         self.num_documents = int(self.document_bounds[-1])
         self.format: DocumentStorageFormat[Any, Any] = storage.storage_format  # type: ignore[attr-defined]
+        self.offsets = ArrayCache(getattr(storage, "offsets_cache_bytes", 0))
+
+    def _cacheable(self, shard: int) -> bool:
+        return 8 * self.shard_length("payload_offsets", shard) <= self.offsets.max_bytes
 
     def locate(self, index: int) -> tuple[int, int]:
         """``(shard id, index within shard)`` of a global document index."""
@@ -69,14 +74,45 @@ class OpenedDocuments(OpenedStorage):
         return int(self.manifest.shard_ids[part]), index - int(self.document_bounds[part])
 
     def read_encoded(self, indexes: Sequence[int]) -> ReadProgram[list[tuple[int, bytes]]]:
-        """``(shard, encoded bytes)`` of each document, in two coalesced rounds."""
+        """``(shard, encoded bytes)`` of each document.
+
+        A shard's offsets are read whole on its first touch (one round) and cached within
+        ``offsets_cache_bytes``; then a batch costs one round of coalesced heap requests.
+        Shards whose offsets exceed the budget read each document's pair of offsets first.
+        """
         located = [self.locate(i) for i in indexes]
-        offset_parts = yield from self.rows(
-            [self.row_range(shard, "payload_offsets", j, j + 2) for shard, j in located]
-        )
+        touched = sorted({shard for shard, _ in located})
+        to_load = [s for s in touched if self.offsets.get(s) is None and self._cacheable(s)]
+        if to_load:
+            loaded = yield from self.rows(
+                [
+                    self.row_range(s, "payload_offsets", 0, self.shard_length("payload_offsets", s))
+                    for s in to_load
+                ]
+            )
+            for shard, part in zip(to_load, loaded, strict=True):
+                self.offsets.put(shard, part.reshape(-1).view(_INT64))
+        pairs: list[tuple[int, int] | None] = []
+        for shard, j in located:
+            cached = self.offsets.get(shard)
+            pairs.append(None if cached is None else (int(cached[j]), int(cached[j + 1])))
+        missing = [k for k, pair in enumerate(pairs) if pair is None]
+        if missing:
+            offset_parts = yield from self.rows(
+                [
+                    self.row_range(
+                        located[k][0], "payload_offsets", located[k][1], located[k][1] + 2
+                    )
+                    for k in missing
+                ]
+            )
+            for k, part in zip(missing, offset_parts, strict=True):
+                start, end = (int(x) for x in part.reshape(-1).view(_INT64))
+                pairs[k] = (start, end)
         heap_ranges = []
-        for (shard, j), part in zip(located, offset_parts, strict=True):
-            start, end = (int(x) for x in part.reshape(-1).view(_INT64))
+        for (shard, j), pair in zip(located, pairs, strict=True):
+            assert pair is not None
+            start, end = pair
             heap_length = self.shard_length("payload_heap", shard)
             if not 0 <= start <= end <= heap_length:
                 raise CorruptDataError(
@@ -99,6 +135,10 @@ class OpenedDocuments(OpenedStorage):
         return document
 
 
+#: Default bytes of per-shard document offsets a reader keeps (8 bytes per document).
+DEFAULT_OFFSETS_CACHE_BYTES = 64 * 1024 * 1024
+
+
 class DocumentStorage(Storage):
     """Variable-size documents in shards, addressed by a global index in shard order.
 
@@ -108,6 +148,10 @@ class DocumentStorage(Storage):
         Where the dataset lives (local path, ``s3://``, ``memory://``, any fsspec URL).
     storage_format
         A ``DocumentStorageFormat`` (e.g. ``DocumentPickleFormat``: trusted data only).
+    offsets_cache_bytes
+        Bytes of document offsets each reader keeps. A shard's offsets are read whole on
+        its first touch, so later reads cost one round of requests (the documents' bytes)
+        instead of two; shards too large for the budget read offsets per document.
     **options
         See ``Storage``.
     """
@@ -119,9 +163,12 @@ class DocumentStorage(Storage):
         self,
         url: str | os.PathLike[str],
         storage_format: DocumentStorageFormat[Any, Any],
+        *,
+        offsets_cache_bytes: int = DEFAULT_OFFSETS_CACHE_BYTES,
         **options: Any,
     ) -> None:
         super().__init__(url, **options)
+        self.offsets_cache_bytes = offsets_cache_bytes
         if not callable(getattr(storage_format, "pack", None)) or not callable(
             getattr(storage_format, "unpack", None)
         ):

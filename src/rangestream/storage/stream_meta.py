@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections import OrderedDict
 from collections.abc import Generator, Hashable, Mapping, Sequence
 from typing import Any
 
@@ -49,7 +48,7 @@ from rangestream.io.store import ObjectStore
 from rangestream.layout.block import ArrayLayout
 from rangestream.layout.dtypes import check_plain_dtype, dtype_from_json, dtype_to_json
 from rangestream.layout.manifest import Manifest
-from rangestream.layout.rows import RowRange
+from rangestream.layout.rows import ArrayCache, RowRange
 from rangestream.storage.base import Storage
 from rangestream.storage.stream import (
     AsyncStreamStorageReader,
@@ -231,34 +230,6 @@ class _MetaShardEncoder(ShardEncoder):
         }
 
 
-class _ArrayCache:
-    """Arrays by key, least recently used evicted first once ``max_bytes`` is exceeded."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self.nbytes = 0
-        self._entries: OrderedDict[Hashable, np.ndarray] = OrderedDict()
-
-    def get(self, key: Hashable) -> np.ndarray | None:
-        entry = self._entries.get(key)
-        if entry is not None:
-            self._entries.move_to_end(key)
-        return entry
-
-    def put(self, key: Hashable, value: np.ndarray) -> None:
-        old = self._entries.pop(key, None)
-        if old is not None:
-            self.nbytes -= old.nbytes
-        self._entries[key] = value
-        self.nbytes += value.nbytes
-        while self.nbytes > self.max_bytes and len(self._entries) > 1:
-            _, evicted = self._entries.popitem(last=False)
-            self.nbytes -= evicted.nbytes
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-
 class _Segment:
     """The part of one read inside one shard, and what the read learns about it."""
 
@@ -290,8 +261,8 @@ class OpenedStreamWithMeta(OpenedStream):
         super().__init__(storage, store, manifest)
         self.format: StreamWithMetaStorageFormat[Any, Any, Any] = storage.storage_format  # type: ignore[attr-defined,assignment]
         self.run_chunk_rows = manifest.arrays["runs"].chunk_rows
-        self.run_indexes = _ArrayCache(getattr(storage, "run_index_cache_bytes", 0))
-        self.run_chunks = _ArrayCache(getattr(storage, "run_cache_bytes", 0))
+        self.run_indexes = ArrayCache(getattr(storage, "run_index_cache_bytes", 0))
+        self.run_chunks = ArrayCache(getattr(storage, "run_cache_bytes", 0))
 
     def _where(self, shard: int, name: str) -> str:
         return self.describe(self.manifest.array_key(shard, name))
