@@ -203,18 +203,10 @@ class RangeReader:
     # -- one request, async -----------------------------------------------------------
     async def _fetch_one(self, request: ByteRequest, expected: int | None) -> bytes:
         policy = self.retry
-        deadline = time.monotonic() + policy.total_timeout
         last_error: BaseException | None = None
         short_reads = 0
-        for attempt in range(policy.max_attempts):
-            if attempt:
-                delay = policy.backoff(attempt - 1, self._rng)
-                if time.monotonic() + delay >= deadline:
-                    break
-                await asyncio.sleep(delay)
+        async for attempt, deadline in policy.attempts(self._rng):
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
             try:
                 async with _process_semaphore():
                     if not self.store.is_connected():

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from rangestream.errors import CorruptDataError, RangestreamError
@@ -143,3 +145,20 @@ class RetryPolicy:
         """Seconds to sleep after failed attempt number ``attempt`` (0-based)."""
         ceiling = min(self.max_delay, self.base_delay * (2**attempt))
         return (rng or random).uniform(0.0, ceiling)
+
+    async def attempts(self, rng: random.Random | None = None) -> AsyncIterator[tuple[int, float]]:
+        """``(attempt number, deadline)`` per attempt, sleeping the backoff in between.
+
+        Stops when attempts run out or the next backoff would pass ``total_timeout``; the
+        caller ``continue``s after a transient failure and returns or raises otherwise.
+        """
+        deadline = time.monotonic() + self.total_timeout
+        for attempt in range(self.max_attempts):
+            if attempt:
+                delay = self.backoff(attempt - 1, rng)
+                if time.monotonic() + delay >= deadline:
+                    return
+                await asyncio.sleep(delay)
+            if deadline - time.monotonic() <= 0:
+                return
+            yield attempt, deadline

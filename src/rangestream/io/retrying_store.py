@@ -31,17 +31,9 @@ async def with_retries(
     policy: RetryPolicy, call: Callable[[], Awaitable[T]], where: str, rng: random.Random
 ) -> T:
     """Run ``call`` until it succeeds, a permanent error occurs, or the policy runs out."""
-    deadline = time.monotonic() + policy.total_timeout
     last_error: BaseException | None = None
-    for attempt in range(policy.max_attempts):
-        if attempt:
-            delay = policy.backoff(attempt - 1, rng)
-            if time.monotonic() + delay >= deadline:
-                break
-            await asyncio.sleep(delay)
+    async for _attempt, deadline in policy.attempts(rng):
         remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            break
         try:
             return await asyncio.wait_for(call(), timeout=min(policy.request_timeout, remaining))
         except (FileNotFoundError, FileExistsError, PermissionError, RangestreamError):

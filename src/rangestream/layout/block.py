@@ -251,6 +251,18 @@ def _crc_of_intact_chunks(stored: int, count: int) -> int:
     return table[count]
 
 
+def _stored_chunks(
+    layout: ArrayLayout, data: bytes | memoryview, where: Any
+) -> tuple[np.ndarray, int]:
+    """``data`` as a byte array and its number of stored chunks, if it is whole chunks."""
+    buffer = np.frombuffer(data, dtype=np.uint8)
+    count = buffer.size // layout.stored_chunk_nbytes
+    if count * layout.stored_chunk_nbytes != buffer.size:
+        place = where() if callable(where) else where
+        raise CorruptDataError(f"{place}: {buffer.size} bytes is not a whole number of chunks")
+    return buffer, count
+
+
 def check_chunks(layout: ArrayLayout, data: bytes | memoryview, where: Any) -> None:
     """Raise ``ChecksumError`` unless every stored chunk in ``data`` matches its crc32c.
 
@@ -262,11 +274,7 @@ def check_chunks(layout: ArrayLayout, data: bytes | memoryview, where: Any) -> N
     ``where`` is a string or a zero-argument callable producing one (built only on error).
     """
     stored = layout.stored_chunk_nbytes
-    buffer = np.frombuffer(data, dtype=np.uint8)
-    count = buffer.size // stored
-    if count * stored != buffer.size:
-        place = where() if callable(where) else where
-        raise CorruptDataError(f"{place}: {buffer.size} bytes is not a whole number of chunks")
+    buffer, count = _stored_chunks(layout, data, where)
     value = google_crc32c.value
     whole = value(data if isinstance(data, bytes) else buffer)
     if whole == _crc_of_intact_chunks(stored, count):
@@ -292,10 +300,5 @@ def decode_chunks(
     """
     if verify:
         check_chunks(layout, data, where)
-    stored = layout.stored_chunk_nbytes
-    buffer = np.frombuffer(data, dtype=np.uint8)
-    count = buffer.size // stored
-    if count * stored != buffer.size:
-        place = where() if callable(where) else where
-        raise CorruptDataError(f"{place}: {buffer.size} bytes is not a whole number of chunks")
-    return buffer.reshape(count, stored)[:, : layout.chunk_nbytes]
+    buffer, count = _stored_chunks(layout, data, where)
+    return buffer.reshape(count, layout.stored_chunk_nbytes)[:, : layout.chunk_nbytes]
