@@ -8,7 +8,14 @@ that build whole batches in the workers with bounded, in-order prefetch) and
 with another worker count, world size or batch size). Collate helpers stack or pad fields.
 """
 
-from rangestream.loader.collate import Pad, PadCollate, length_mask, pad_stack, stack_collate
+from rangestream.loader.collate import (
+    NextTokenCollate,
+    Pad,
+    PadCollate,
+    length_mask,
+    pad_stack,
+    stack_collate,
+)
 from rangestream.loader.dataloader import STATE_VERSION, StatefulDataLoader
 from rangestream.loader.iterable import (
     DEFAULT_PREFETCH,
@@ -33,6 +40,7 @@ __all__ = [
     "EpochPlan",
     "IndexedBatchDataset",
     "LoaderOptions",
+    "NextTokenCollate",
     "Pad",
     "PadCollate",
     "Permutation",

@@ -26,7 +26,7 @@ import torch
 
 from rangestream.errors import CollateError
 
-__all__ = ["Pad", "PadCollate", "length_mask", "pad_stack", "stack_collate"]
+__all__ = ["NextTokenCollate", "Pad", "PadCollate", "length_mask", "pad_stack", "stack_collate"]
 
 
 def _describe(path: str) -> str:
@@ -296,3 +296,54 @@ class PadCollate:
                     )
                 batch[extra] = report
         return batch
+
+
+@dataclass(frozen=True)
+class NextTokenCollate:
+    """Collate next-token windows into inputs and shifted targets.
+
+    With ``next_token=True`` every window holds ``sequence_length + 1`` elements. Token
+    field ``tokens`` becomes ``input_ids`` (all but the last element) and ``target_ids``
+    (all but the first), as Megatron and AstrAI's ``seq`` data do. Other aligned fields of
+    a structured stream are cut to match: those that describe the targets (a loss mask:
+    ``target_fields``) drop their first element, the rest (``position_ids``) their last.
+    AstrAI's ``sft`` keys are a structured dtype with ``sequence``, ``loss_mask`` and
+    ``position_ids`` fields, collated with ``NextTokenCollate("sequence")``.
+
+    Parameters
+    ----------
+    tokens : str
+        The token field of each window (a dict sample).
+    target_fields : sequence of str
+        Fields aligned with the targets rather than the inputs.
+    """
+
+    tokens: str = "tokens"
+    target_fields: tuple[str, ...] = ("loss_mask",)
+
+    def __call__(self, samples: Sequence[Any]) -> dict[str, Any]:
+        batch = stack_collate(samples)
+        if not isinstance(batch, Mapping) or self.tokens not in batch:
+            raise CollateError(
+                f"NextTokenCollate needs dict windows with a {self.tokens!r} field; "
+                f"got {sorted(batch) if isinstance(batch, Mapping) else type(batch).__name__}"
+            )
+        tokens = batch[self.tokens]
+        if tokens.ndim != 2 or tokens.shape[1] < 2:
+            raise CollateError(
+                f"field {self.tokens!r} must be windows of at least 2 elements "
+                f"(use next_token=True), got shape {tuple(tokens.shape)}"
+            )
+        out: dict[str, Any] = {"input_ids": tokens[:, :-1], "target_ids": tokens[:, 1:]}
+        for name, value in batch.items():
+            if name == self.tokens:
+                continue
+            if (
+                isinstance(value, torch.Tensor)
+                and value.ndim >= 2
+                and value.shape[1] == tokens.shape[1]
+            ):
+                out[name] = value[:, 1:] if name in self.target_fields else value[:, :-1]
+            else:
+                out[name] = value
+        return out
