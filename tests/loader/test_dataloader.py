@@ -622,3 +622,25 @@ def test_real_temporal_windows_match_the_records_they_were_drawn_from(tmp_path: 
     for (frames, pose), record, start in zip(got, records_drawn, starts, strict=True):
         assert frames.tolist() == list(range(start, start + 4))
         np.testing.assert_array_equal(pose.numpy(), records[record]["pose"][start : start + 4])
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn", "forkserver"])
+def test_workers_read_a_real_stream_with_every_start_method_after_the_parent_read_it(
+    location: Location, start_method: str
+) -> None:
+    write_token_stream(location.url, location.storage_options, [120, 96, 144])  # 360 tokens
+    storage = StreamStorage(location.url, StreamNumpyFormat(TOKENS),
+                            storage_options=location.storage_options)  # fmt: skip
+    # The parent opens the storage first: its event loop, S3 session and open files must
+    # not be what the workers use.
+    with storage.sync_reader() as parent:
+        assert parent.read(0, 4)["tokens"].tolist() == [0, 1, 2, 3]
+        loader = StatefulDataLoader.from_storage(
+            storage, sequence_length=8, batch_size=5, num_workers=2, shuffle_seed=SEED,
+            multiprocessing_context=multiprocessing.get_context(start_method),
+        )  # fmt: skip
+        windows = np.concatenate([batch["tokens"].numpy() for batch in loader])
+        assert parent.read(352, 8)["tokens"].tolist() == list(range(352, 360))
+    starts = windows[:, 0]
+    np.testing.assert_array_equal(windows, starts[:, None] + np.arange(8))
+    assert sorted((starts // 8).tolist()) == sorted(epoch_order(45, SEED, 0)[:45])
