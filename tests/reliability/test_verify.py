@@ -157,3 +157,83 @@ def test_a_damaged_dataset_on_s3_is_found_through_the_endpoint_option(
     raw.flip(key, 3)
     code, out = verify(s3_url.url, capsys, *endpoint)
     assert code == 1 and f"{raw.describe(key)} bytes [0, {STORED_CHUNK})" in out
+
+
+class _Spans:
+    """A minimal stream-with-metadata format: int32 tokens, one payload per key run."""
+
+    def __init__(self) -> None:
+        self.stream_dtype = np.dtype("<i4")
+
+    def size(self, data: dict[str, Any]) -> int:
+        return len(data["tokens"])
+
+    def pack(self, data: dict[str, Any]) -> Any:
+        for key in data["keys"]:
+            yield key, f"span-{key}".encode()
+        return np.asarray(data["tokens"], dtype="<i4")
+
+    def unpack(self, stream: Any, shards: Any, index: Any, payloads: Any) -> Any:
+        return stream
+
+
+def _write_spans(url: str) -> None:
+    from rangestream import StreamWithMetaStorage
+
+    storage = StreamWithMetaStorage(url, _Spans(), **SMALL)
+    with storage.sync_writer() as writer:
+        for record in range(12):
+            tokens = np.arange(record * 40, record * 40 + 40, dtype="<i4")
+            writer.append(record % 2, {"tokens": tokens, "keys": np.arange(40) // 7})
+
+
+def _write_tracks(url: str) -> None:
+    from rangestream import TemporalArrayStorage
+
+    storage = TemporalArrayStorage(url, field_groups=[["clock", "pose"]])
+    with storage.sync_writer() as writer:
+        for record in range(6):
+            frames = 20 + record
+            writer.append(
+                record % 2,
+                {"clock": np.arange(frames, dtype="<f8"), "pose": np.ones((frames, 3), "<f4")},
+            )
+
+
+def test_clean_stream_with_meta_and_temporal_datasets_pass(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _write_spans(str(tmp_path / "spans"))
+    _write_tracks(str(tmp_path / "tracks"))
+    for name in ("spans", "tracks"):
+        code, out = verify(str(tmp_path / name), capsys)
+        assert code == 0, out
+
+
+def test_payload_runs_that_decrease_are_reported(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _write_spans(str(tmp_path / "spans"))
+    spans = RawObjects(str(tmp_path / "spans"))
+    layout = spans.layout("runs")
+    key = spans.block_key(0, "runs", 0)
+    length = spans.root()["attributes"]["rangestream"]["shards"]["lengths"]["runs"][0]
+    runs = np.frombuffer(spans.get(key), dtype="<i8")[: 2 * length].copy().reshape(-1, 2)
+    runs[3, 1], runs[4, 1] = runs[4, 1], runs[3, 1]  # payload ends swap; checksums stay valid
+    spans.put(key, encode_block(layout, runs.view(np.uint8)))
+    code, out = verify(spans.url, capsys)
+    assert code == 1 and "runs[:, 1] decrease at row 4" in out
+
+
+def test_frame_ends_that_do_not_end_at_the_frame_count_are_reported(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _write_tracks(str(tmp_path / "tracks"))
+    tracks = RawObjects(str(tmp_path / "tracks"))
+    layout = tracks.layout("frame_ends")
+    key = tracks.block_key(1, "frame_ends", 0)
+    ends = np.frombuffer(tracks.get(key), dtype="<i8")[:3].copy()  # shard 1: 3 records
+    ends[-1] -= 2
+    tracks.put(key, encode_block(layout, ends.view(np.uint8)))
+    code, out = verify(tracks.url, capsys)
+    assert code == 1 and f"frame_ends end at {ends[-1]}, expected {ends[-1] + 2}" in out

@@ -5,9 +5,12 @@ scan reads every block of the committed version whole and checks, per block: tha
 object exists and has the size its array's length implies, its chunk index (crc32c and
 entries), and the crc32c of every inner chunk. Per array: that the Zarr array metadata
 agrees with the manifest and that no block objects lie past the array's end. Across
-arrays: ``record_ends`` never decrease and end at the stream's length, and
-``payload_offsets`` start at 0, never decrease and end at the heap's length. Finally, the
-index arrays for Zarr-only readers must agree with the manifest.
+arrays: ``record_ends`` never decrease and end at the stream's length;
+``payload_offsets`` start at 0, never decrease and end at the heap's length; the two
+columns of ``runs`` (element ends, payload ends) start at 0, never decrease and end at the
+stream's and the heap's lengths; temporal ``frame_ends`` never decrease and end at the
+shard's frame count. Finally, the index arrays for Zarr-only readers must agree with the
+manifest.
 
 Problems are collected, not raised, so one scan reports all the damage it finds.
 """
@@ -51,7 +54,15 @@ _INT64 = np.dtype("<i8")
 MAX_REPORTED_GAPS = 20
 
 #: ``offsets array -> (array whose length it must end at, whether it starts at 0)``.
-_OFFSET_ARRAYS = {"record_ends": ("stream", False), "payload_offsets": ("payload_heap", True)}
+#: Offsets arrays: for each, ``(column or None, the array whose length it must end at,
+#: whether it starts at 0)``; ``None`` as the target means "the first other array" (the
+#: temporal groups, which all have one row per frame).
+_OFFSET_ARRAYS: dict[str, list[tuple[int | None, str | None, bool]]] = {
+    "record_ends": [(None, "stream", False)],
+    "payload_offsets": [(None, "payload_heap", True)],
+    "runs": [(0, "stream", True), (1, "payload_heap", True)],
+    "frame_ends": [(None, None, False)],
+}
 
 
 @dataclass(frozen=True)
@@ -111,6 +122,7 @@ class _OffsetCheck:
     end: int  # the length the last offset must equal
     starts_at_zero: bool
     where: str
+    column: int | None = None  # of a (rows, k) int64 array; None for a 1-D one
     previous: int | None = None
     broken: bool = False
 
@@ -146,7 +158,7 @@ class _Block:
     layout: ArrayLayout
     rows: int  # rows of the array this block holds
     first_row: int
-    check: _OffsetCheck | None
+    checks: list[_OffsetCheck]
 
 
 def verify_dataset(
@@ -251,19 +263,17 @@ async def _scan(
             key = manifest.array_key(shard, name)
             await _check_array_metadata(reader, key, layout, length, report)
             present = await _block_objects(store, key, layout, length, report)
-            check: _OffsetCheck | None = None
-            if name in _OFFSET_ARRAYS and layout.dtype == _INT64 and layout.row_shape == ():
-                target, starts_at_zero = _OFFSET_ARRAYS[name]
-                if target in manifest.arrays:
-                    end = int(manifest.lengths[target][position])
-                    check = _OffsetCheck(name, end, starts_at_zero, store.describe(key))
-                    checks.append(check)
-            if check is not None and len(present) < layout.num_blocks(length):
-                check.broken = True  # its values cannot be followed across a missing block
+            array_checks = _offset_checks(manifest, name, layout, position, store.describe(key))
+            checks.extend(array_checks)
+            if len(present) < layout.num_blocks(length):
+                for check in array_checks:
+                    check.broken = True  # values cannot be followed across a missing block
             for block in present:
                 first = block * layout.block_rows
                 rows = min(layout.block_rows, length - first)
-                blocks.append(_Block(layout.block_key(key, block), layout, rows, first, check))
+                blocks.append(
+                    _Block(layout.block_key(key, block), layout, rows, first, array_checks)
+                )
     if on_total is not None:
         on_total(len(blocks))
     # Blocks are fetched a window at a time but checked in order, so the offset checks
@@ -278,8 +288,8 @@ async def _scan(
                 if not isinstance(data, Exception):
                     raise data
                 report.add(store.describe(block.key), f"cannot be read: {data}")
-                if block.check is not None:
-                    block.check.broken = True
+                for check in block.checks:
+                    check.broken = True
             else:
                 _check_block(store, block, data, report)
         if progress is not None:
@@ -287,6 +297,30 @@ async def _scan(
     for check in checks:
         check.finish(report)
     await _check_index_arrays(reader, manifest, report)
+
+
+def _offset_checks(
+    manifest: Manifest, name: str, layout: ArrayLayout, position: int, where: str
+) -> list[_OffsetCheck]:
+    """The offset invariants array ``name`` of one shard must satisfy, if any."""
+    specs = _OFFSET_ARRAYS.get(name)
+    if specs is None or layout.dtype != _INT64:
+        return []
+    columns = layout.row_shape[0] if layout.row_shape else None
+    if layout.row_shape not in ((), (2,)):
+        return []
+    checks = []
+    for column, target, starts_at_zero in specs:
+        if (column is None) != (columns is None):
+            continue
+        if target is None:
+            target = next((other for other in manifest.arrays if other != name), None)
+        if target is None or target not in manifest.arrays:
+            continue
+        end = int(manifest.lengths[target][position])
+        label = name if column is None else f"{name}[:, {column}]"
+        checks.append(_OffsetCheck(label, end, starts_at_zero, where, column))
+    return checks
 
 
 async def _fetch_block(reader: RangeReader, block: _Block) -> bytes:
@@ -325,7 +359,7 @@ def _check_block(store: ObjectStore, block: _Block, data: bytes, report: VerifyR
         report.add(where, f"chunk index lists inner chunk {extra}, past the array's end")
         return
     # the rows are kept only for an offsets array, whose values are checked across blocks
-    rows = np.empty((present if block.check else 0, layout.chunk_nbytes), dtype=np.uint8)
+    rows = np.empty((present if block.checks else 0, layout.chunk_nbytes), dtype=np.uint8)
     for chunk in range(present):
         offset, size = int(offsets[chunk]), int(sizes[chunk])
         if offsets[chunk] == MISSING:
@@ -346,14 +380,18 @@ def _check_block(store: ObjectStore, block: _Block, data: bytes, report: VerifyR
                 f"{where} bytes [{offset}, {offset + size})",
                 f"checksum mismatch in inner chunk {chunk}",
             )
-            if block.check is not None:
-                block.check.broken = True
+            for check in block.checks:
+                check.broken = True
             return
-        if block.check is not None:
+        if block.checks:
             rows[chunk] = np.frombuffer(body, dtype=np.uint8, count=layout.chunk_nbytes)
-    if block.check is not None:
-        values = rows.reshape(-1)[: block.rows * 8].view(_INT64)
-        block.check.feed(values, report, block.first_row)
+    if block.checks:
+        width = layout.row_nbytes // 8
+        values = rows.reshape(-1)[: block.rows * layout.row_nbytes].view(_INT64)
+        values = values.reshape(-1, width)
+        for check in block.checks:
+            column = values[:, check.column] if check.column is not None else values[:, 0]
+            check.feed(column, report, block.first_row)
 
 
 async def _get_json(reader: RangeReader, key: str) -> Any:
