@@ -205,8 +205,12 @@ class RangeReader:
         policy = self.retry
         last_error: BaseException | None = None
         short_reads = 0
-        async for attempt, deadline in policy.attempts(self._rng):
+        for attempt, deadline, delay in policy.attempts(self._rng):
+            if delay:
+                await asyncio.sleep(delay)
             remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
             try:
                 async with _process_semaphore():
                     if not self.store.is_connected():
@@ -221,9 +225,12 @@ class RangeReader:
                         call = self.store.get_range(request.key, 0, request.max_nbytes + 1)
                     else:
                         call = self.store.get(request.key)
-                    data = await asyncio.wait_for(
-                        call, timeout=min(policy.request_timeout, remaining)
-                    )
+                    if self.store.supports_sync_reads:
+                        data = await call  # local files: no network to time out on
+                    else:
+                        data = await asyncio.wait_for(
+                            call, timeout=min(policy.request_timeout, remaining)
+                        )
             except FileNotFoundError as error:
                 self._count(request.key, 0, retry=attempt > 0)
                 self.stats.failures += 1

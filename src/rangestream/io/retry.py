@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from rangestream.errors import CorruptDataError, RangestreamError
@@ -146,19 +146,17 @@ class RetryPolicy:
         ceiling = min(self.max_delay, self.base_delay * (2**attempt))
         return (rng or random).uniform(0.0, ceiling)
 
-    async def attempts(self, rng: random.Random | None = None) -> AsyncIterator[tuple[int, float]]:
-        """``(attempt number, deadline)`` per attempt, sleeping the backoff in between.
+    def attempts(self, rng: random.Random | None = None) -> Iterator[tuple[int, float, float]]:
+        """``(attempt number, deadline, backoff to sleep first)`` per attempt.
 
-        Stops when attempts run out or the next backoff would pass ``total_timeout``; the
-        caller ``continue``s after a transient failure and returns or raises otherwise.
+        Stops when attempts run out or the next backoff would pass ``total_timeout``. The
+        caller sleeps the backoff, ``continue``s after a transient failure and returns or
+        raises otherwise. A plain generator on purpose: an async one left unfinished by a
+        ``return`` costs a finalizer task on the event loop for every request.
         """
         deadline = time.monotonic() + self.total_timeout
         for attempt in range(self.max_attempts):
-            if attempt:
-                delay = self.backoff(attempt - 1, rng)
-                if time.monotonic() + delay >= deadline:
-                    return
-                await asyncio.sleep(delay)
-            if deadline - time.monotonic() <= 0:
+            delay = self.backoff(attempt - 1, rng) if attempt else 0.0
+            if time.monotonic() + delay >= deadline:
                 return
-            yield attempt, deadline
+            yield attempt, deadline, delay

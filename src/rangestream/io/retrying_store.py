@@ -32,8 +32,12 @@ async def with_retries(
 ) -> T:
     """Run ``call`` until it succeeds, a permanent error occurs, or the policy runs out."""
     last_error: BaseException | None = None
-    async for _attempt, deadline in policy.attempts(rng):
+    for _attempt, deadline, delay in policy.attempts(rng):
+        if delay:
+            await asyncio.sleep(delay)
         remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
         try:
             return await asyncio.wait_for(call(), timeout=min(policy.request_timeout, remaining))
         except (FileNotFoundError, FileExistsError, PermissionError, RangestreamError):
