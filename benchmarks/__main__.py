@@ -55,6 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--out", type=Path, help="markdown path (default docs/benchmarks.md)")
     rep = sub.add_parser("report", help="re-render docs from the last results")
     rep.add_argument("--quick", action="store_true", help="use the last quick run's results")
+    rep.add_argument("--out", type=Path, help="markdown path (default docs/benchmarks.md)")
     return p
 
 
@@ -67,7 +68,12 @@ def main(argv: list[str] | None = None) -> int:
         environment.setup(main=not args.no_main, mosaic=not args.no_mosaic)
         return 0
     if args.cmd == "report":
-        report.write(WORK_DIR / f"results-{'quick' if args.quick else 'full'}.json")
+        md = args.out
+        report.write(
+            WORK_DIR / f"results-{'quick' if args.quick else 'full'}.json",
+            md,
+            md.with_suffix(".png") if md else None,
+        )
         return 0
 
     from benchmarks.run import Orchestrator

@@ -26,6 +26,10 @@ OBJECT_BYTES = 4 * 1024 * 1024
 # their own headers, so that each of their objects is also served as one piece.
 PEER_CHUNK_BYTES = OBJECT_BYTES - 64 * 1024
 
+# The DataLoader rows (rangestream and LitData): worker processes and rows per batch.
+LOADER_WORKERS = 2
+LOADER_BATCH = 8
+
 WORKLOADS = ("tokens-random", "tokens-sequential", "temporal", "documents")
 DATASET_OF_WORKLOAD = {
     "tokens-random": "tokens",

@@ -223,9 +223,7 @@ def timed_repeats(
             seconds=seconds_used,
             cpu_s=cpu,
             requests=int(s1["requests"] - s0["requests"]) if s0 and s1 else -1,
-            response_bytes=(
-                int(s1["response_body_bytes"] - s0["response_body_bytes"]) if s0 and s1 else -1
-            ),
+            response_bytes=(int(s1["response_bytes"] - s0["response_bytes"]) if s0 and s1 else -1),
             payload_bytes_expected=expected,
             payload_bytes_returned=returned,
         )

@@ -14,11 +14,17 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from benchmarks.config import DOCS_DIR, OBJECT_BYTES, WORKLOADS
+from benchmarks.config import DOCS_DIR, LOADER_BATCH, LOADER_WORKERS, OBJECT_BYTES, WORKLOADS
 from benchmarks.measure import Measurement, WorkloadResult
+from benchmarks.workloads import TOKEN_DTYPE
 
 LOCAL_BASELINE = "raw-memmap"
 CEILINGS = ("s3-ceiling-aiohttp", "s3-ceiling-obstore")
+LOADER_WORKLOAD = "tokens-sequential"  # the DataLoader rows run on this workload only
+LOADER_PEER = "litdata-loader"  # the loader the other loader rows are compared with
+# Loaders whose adapter times its cold open together with the first batch out of the loader;
+# the others' "first window" is a dataset item read before any loader exists.
+FIRST_BATCH_TIMED = ("rangestream-loader", "litdata-loader")
 
 DASH = "\u2013"  # en dash: "no value" in the tables, and ranges
 
@@ -124,6 +130,8 @@ def _table(rows: list[WorkloadResult], notes: dict[str, int]) -> list[str]:
         for m in r.measurements:
             if r.location == "local":
                 vs = _ratio(m.windows_per_s, base) + " memmap" if base else DASH
+            elif r.system.endswith("-loader"):
+                vs = DASH  # its workers keep several reads in flight: no ceiling at c=1 fits
             else:
                 ceil = _ceiling_at(ceiling, m.concurrency)
                 vs = _ratio(m.windows_per_s, ceil) + " ceiling" if ceil else DASH
@@ -244,6 +252,118 @@ def _targets(by_w: dict[str, list[WorkloadResult]]) -> list[str]:
         else None,
     )
     return lines
+
+
+def _loader_rows(by_w: dict[str, list[WorkloadResult]]) -> list[WorkloadResult]:
+    return [
+        r
+        for r in by_w.get(LOADER_WORKLOAD, [])
+        if r.system.endswith("-loader") and r.status != "unsupported"
+    ]
+
+
+def _loader_table(by_w: dict[str, list[WorkloadResult]], sizes: dict[str, Any]) -> list[str]:
+    """Tokens through the DataLoaders, in the units a training loop cares about.
+
+    Same measurements as the sequential-token table, restated: tokens/s counts the
+    ``window_stride`` new tokens of each row (the +1 next-token target overlaps the next
+    row), bytes read per token divides what was fetched by those tokens, and each loader is
+    compared with LitData's loader at the same location.
+    """
+    stride = int(sizes["window_stride"])
+    row_bytes = int(sizes["window_tokens"]) * TOKEN_DTYPE.itemsize
+    rows = _loader_rows(by_w)
+    peer = {r.location: r for r in rows if r.system == LOADER_PEER and r.status == "ok"}
+    out = [
+        "| loader | where | time to first batch | vs LitData | tokens/s median (min"
+        f"{DASH}max) | vs LitData | bytes read /token | requests /batch | client CPU µs "
+        "/token | local disk MB |",
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    order = {"local": 0, "s3": 1}
+    for r in sorted(rows, key=lambda r: (order.get(r.location, 2), r.system)):
+        if r.status != "ok" or not r.measurements:
+            out.append(f"| {r.label} | {r.location} | **{r.status}** |" + f" {DASH} |" * 7)
+            continue
+        m = r.measurements[0]
+        p = peer.get(r.location)
+        pm = p.measurements[0] if p and p.measurements else None
+        ttfb = r.ttfw_s if r.system in FIRST_BATCH_TIMED else None
+        vs_ttfb = _ratio(ttfb, p.ttfw_s) if p and p is not r and ttfb and p.ttfw_s else DASH
+        vs_rate = _ratio(m.windows_per_s, pm.windows_per_s) if pm and p is not r else DASH
+        per_token = (
+            m.bytes_per_payload_byte * row_bytes / stride
+            if m.bytes_per_payload_byte is not None
+            else None
+        )
+        per_batch = (
+            m.requests_per_window * LOADER_BATCH if m.requests_per_window is not None else None
+        )
+        out.append(
+            "| "
+            + " | ".join(
+                [
+                    r.label,
+                    r.location,
+                    f"{ttfb * 1000:,.0f} ms" if ttfb is not None else DASH,
+                    vs_ttfb,
+                    f"{_fmt(m.windows_per_s * stride)} ({_fmt(m.windows_per_s_min * stride)}"
+                    f"{DASH}{_fmt(m.windows_per_s_max * stride)})",
+                    vs_rate,
+                    _fmt(per_token, 2),
+                    _fmt(per_batch, 2),
+                    _fmt(m.cpu_us_per_window / stride, 2),
+                    _fmt(r.disk_mb, 1),
+                ]
+            )
+            + " |"
+        )
+    return out
+
+
+def _loader_targets(by_w: dict[str, list[WorkloadResult]]) -> list[str]:
+    """Issue #5's DataLoader goals, for rangestream's loader against LitData's."""
+    rows = {(r.system, r.location): r for r in _loader_rows(by_w) if r.status == "ok"}
+    lines: list[str] = []
+    for loc in ("local", "s3"):
+        mine, peer = rows.get(("rangestream-loader", loc)), rows.get((LOADER_PEER, loc))
+        where = "local disk" if loc == "local" else "S3"
+        if not mine or not peer or not mine.measurements or not peer.measurements:
+            lines.append(f"| DataLoader ({where}): compared with LitData | not measured | {DASH} |")
+            continue
+        if mine.ttfw_s is not None and peer.ttfw_s:
+            ratio = mine.ttfw_s / peer.ttfw_s
+            lines.append(
+                f"| DataLoader ({where}): time to first batch ≤ 0.1x LitData's "
+                f"| {mine.ttfw_s * 1000:,.0f} ms vs {peer.ttfw_s * 1000:,.0f} ms = {ratio:.2f}x "
+                f"| {'yes' if ratio <= 0.1 else '**no**'} |"
+            )
+        rate = mine.measurements[0].windows_per_s / peer.measurements[0].windows_per_s
+        lines.append(
+            f"| DataLoader ({where}): tokens/s ≥ LitData's (warm cache) | {rate:.2f}x "
+            f"| {'yes' if rate >= 1 else '**no**'} |"
+        )
+        lines.append(
+            f"| DataLoader ({where}): no local disk | {_fmt(mine.disk_mb, 1)} MB "
+            f"(LitData {_fmt(peer.disk_mb, 1)} MB) "
+            f"| {'yes' if (mine.disk_mb or 0) == 0 else '**no**'} |"
+        )
+    return lines
+
+
+def _load_lines(data: dict[str, Any], cores: int) -> list[str]:
+    """The machine's 1-minute load average around each measuring worker, if recorded."""
+    load = data.get("load") or []
+    if not load:
+        return ["- Load: not recorded by this run."]
+    values = [v for x in load for v in (x["load1_before"], x["load1_after"])]
+    busiest = max(load, key=lambda x: max(x["load1_before"], x["load1_after"]))
+    return [
+        f"- Load: the 1-minute load average around the measuring workers ranged "
+        f"{min(values):.2f}{DASH}{max(values):.2f} on {cores} cores (highest around "
+        f"{busiest['worker']}). A measuring worker plus the S3 server account for about 1-2; "
+        "more means other work shared the machine during the run."
+    ]
 
 
 # colour per project, line/marker per way of using it; the same in every panel
@@ -445,6 +565,7 @@ def write(results_path: Path, md_path: Path | None = None, png_path: Path | None
         "with what the closest equivalent job must return (equiv.: see the notes).",
         "",
         *_spread_line(results),
+        *_load_lines(data, int(mach["cores"])),
         "",
         "## How the peers are set up",
         "",
@@ -470,10 +591,35 @@ def write(results_path: Path, md_path: Path | None = None, png_path: Path | None
         if w not in by_w:
             continue
         lines += [f"### {WORKLOAD_TITLES.get(w, w)}", "", *_table(by_w[w], notes), ""]
+    loader = _loader_table(by_w, sizes)
+    if len(loader) > 2:
+        lines += [
+            "### DataLoaders: tokens through the training-loop path",
+            "",
+            f"The loader rows of the sequential-token table, restated per token: "
+            f"{sizes['window_stride']} new tokens per row ({sizes['window_tokens']} with the "
+            f"next-token target), batches of {LOADER_BATCH} rows, {LOADER_WORKERS} worker "
+            "processes. *time to first batch* is the cold open timed with the first batch out "
+            "of the loader (workers started); MosaicML's adapter does not time it (its "
+            "*first window* above is a dataset item). "
+            "*bytes read/token* counts what the proxy saw (S3) or what the loader's workers "
+            "reported through their collate function (`rangestream.io.process_io_stats`; "
+            "LitData reports nothing locally). *local disk*: what the loader left in its cache "
+            "directory (LitData downloads whole chunks there from S3; rangestream has none).",
+            "",
+            *loader,
+            "",
+        ]
     lines += ["### Notes", ""]
     for text, n in sorted(notes.items(), key=lambda kv: kv[1]):
         lines.append(f"{n}. {text}")
-    lines += ["", "## Targets (issues #6 and #4; reported, not asserted)", "", *_targets(by_w)]
+    lines += [
+        "",
+        "## Targets (issues #6, #5 and #4; reported, not asserted)",
+        "",
+        *_targets(by_w),
+        *_loader_targets(by_w),
+    ]
     if data.get("uploads"):
         lines += ["", "## Objects on the S3 server", "", "| prefix | objects | MiB | largest MiB |"]
         lines.append("|---|--:|--:|--:|")

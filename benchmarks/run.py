@@ -117,6 +117,9 @@ class Orchestrator:
         self.results: list[WorkloadResult] = []
         self.notes: list[str] = []
         self.uploads: dict[str, dict[str, Any]] = {}
+        # 1-minute load average around each measuring worker: on a small shared machine,
+        # other work competing for the cores is part of reading the figures.
+        self.load: list[dict[str, Any]] = []
         entries = REGISTRY
         if config.systems:
             wanted = set(config.systems)
@@ -230,7 +233,15 @@ class Orchestrator:
                 }
                 env = s3.endpoint.env() if location == "s3" and s3 and s3.endpoint else {}
                 _log(f"measure {entry.name} @ {location} (timeout {timeout:.0f} s)")
+                load_before = os.getloadavg()[0]
                 out = run_worker(entry, spec, f"measure-{entry.name}-{location}", timeout, env)
+                self.load.append(
+                    {
+                        "worker": f"{entry.name}@{location}",
+                        "load1_before": load_before,
+                        "load1_after": os.getloadavg()[0],
+                    }
+                )
                 got = [WorkloadResult.from_json(r) for r in out.result.get("results", [])]
                 seen = {r.workload for r in got}
                 for r in got:
@@ -309,6 +320,7 @@ class Orchestrator:
             "install": environment.describe_commands(),
             "elapsed_s": elapsed,
             "uploads": self.uploads,
+            "load": self.load,
             "notes": self.notes,
             "results": [r.to_json() for r in self.results],
         }

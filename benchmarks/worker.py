@@ -181,7 +181,9 @@ def measure(spec: dict[str, Any], out: Path) -> dict[str, Any]:
         dataset = DATASET_OF_WORKLOAD[workload]
         location = _location(system, spec, location_kind, endpoint, dataset, workload)
         cache = location.cache_dir
-        stats = (lambda: proxy_stats(endpoint.stats_url)) if endpoint else None
+        stats: Any = (lambda: proxy_stats(endpoint.stats_url)) if endpoint else None
+        if stats is None and system.io_counters() is not None:
+            stats = system.io_counters  # the library's own counts (local rows)
         try:
             data = load_dataset(config.data_dir, dataset, config.sizes)
             windows = load_windows(config.data_dir, workload, config.sizes)

@@ -7,12 +7,18 @@ proxy's host exactly like s3fs requests, and each assertion sees a single HTTP e
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import signal
 import socket
+import subprocess
+import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 import pytest
@@ -20,6 +26,7 @@ import s3fs
 from yarl import URL
 
 from rangestream.testing import FaultConfig, FaultKind, LatencyProxy, S3Endpoint
+from rangestream.testing.proxy import CONTROL_PREFIX
 
 MIB = 1024 * 1024
 
@@ -442,3 +449,71 @@ def test_upstream_with_a_path_is_refused() -> None:
     # The client signs the path it sends; prefixing it upstream would break every signature.
     with pytest.raises(ValueError, match="path"):
         LatencyProxy("http://127.0.0.1:9000/prefix")
+
+
+# -- control endpoints and process mode ------------------------------------------------------
+
+
+def _control(endpoint: str, what: str, method: str = "GET") -> dict[str, Any]:
+    request = urllib.request.Request(f"{endpoint}{CONTROL_PREFIX}/{what}", method=method)
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def test_control_endpoints_serve_stats_and_reset_without_counting_themselves(
+    s3_server: S3Endpoint, stored: StoredObject
+) -> None:
+    with LatencyProxy(s3_server, delay=0.0, control_endpoints=True) as proxy:
+        fs = _fs(proxy.storage_options)
+        assert fs.cat_file(stored.path, start=0, end=100) == stored.data[:100]
+
+        stats = _control(proxy.endpoint_url, "stats")
+        assert stats == proxy.stats().to_json()
+        assert stats["requests"] == 1
+        assert stats["range_gets"] == 1
+        assert stats["response_bytes"] == 100
+        assert stats["responses_by_status"] == {"206": 1}
+
+        after_reset = _control(proxy.endpoint_url, "reset", method="POST")
+        assert after_reset["requests"] == 0
+        assert proxy.stats().requests == 0
+
+
+def test_control_endpoints_are_forwarded_when_not_enabled(proxy: LatencyProxy) -> None:
+    # Off by default: an in-process proxy relays every path exactly as the client sent it.
+    result = _get(URL(f"{proxy.endpoint_url}{CONTROL_PREFIX}/stats"))
+    assert result.status != 200
+    assert proxy.stats().requests == 1
+
+
+def test_process_mode_prints_its_endpoint_and_serves_counters(
+    s3_server: S3Endpoint, stored: StoredObject
+) -> None:
+    command = [
+        sys.executable, "-m", "rangestream.testing.proxy", "--upstream",
+        s3_server.endpoint_url, "--delay-ms", "30", "--port", "0",
+    ]  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert process.stdout is not None
+        endpoint = process.stdout.readline().decode().strip()
+        assert endpoint.startswith("http://127.0.0.1:")
+        options = dict(s3_server.storage_options)
+        options["client_kwargs"] = {**options.get("client_kwargs", {}), "endpoint_url": endpoint}
+        options.pop("endpoint_url", None)
+        fs = _fs(options)
+        started = time.perf_counter()
+        assert fs.cat_file(stored.path, start=10, end=60) == stored.data[10:60]
+        assert time.perf_counter() - started >= 0.03
+
+        stats = _control(endpoint, "stats")
+        assert stats["requests"] == 1
+        assert stats["response_bytes"] == 50
+        assert stats["delay_seconds"] == pytest.approx(0.03)
+        assert _control(endpoint, "reset", method="POST")["requests"] == 0
+        assert _control(endpoint, "stats")["requests"] == 0
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=20)
+    assert process.returncode == 0, stderr.decode()
+    assert b"Warning" not in stderr, stderr.decode()  # e.g. runpy's double-import warning

@@ -38,7 +38,7 @@ REGISTRY: tuple[SystemEntry, ...] = (
         "s3-server-direct", "benchmarks.systems.s3_ceiling", "ServerDirectObstore", "ceiling",
         ("s3",), in_quick=False,
     ),
-    # rangestream: filled in by the library's lead (see rangestream_systems.py)
+    # rangestream: readers and the DataLoader (see rangestream_systems.py)
     SystemEntry(
         "rangestream-sync", "benchmarks.systems.rangestream_systems", "RangestreamSync",
         "rangestream", ("local", "s3"),

@@ -116,6 +116,14 @@ class System(ABC):
         """What :meth:`fetch` must return for window ``i``; override for equivalent jobs."""
         return ground_truth(data, windows, i)
 
+    def io_counters(self) -> dict[str, float] | None:
+        """Cumulative ``requests`` and ``response_bytes`` the system itself counted, or None.
+
+        Used where no proxy counts the traffic (local disk), by systems whose library reports
+        its own reads; must be cheap, it is called around every repeat.
+        """
+        return None
+
     def close(self) -> None:  # noqa: B027  (optional hook)
         """Release clients, pools and files; called after each workload."""
 

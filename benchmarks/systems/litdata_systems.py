@@ -31,7 +31,13 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.config import PEER_CHUNK_BYTES, TEMPORAL_GROUPS, RunConfig
+from benchmarks.config import (
+    LOADER_BATCH,
+    LOADER_WORKERS,
+    PEER_CHUNK_BYTES,
+    TEMPORAL_GROUPS,
+    RunConfig,
+)
 from benchmarks.systems.base import Location, Support, System, Unavailable, run_lanes
 from benchmarks.workloads import (
     TEMPORAL_SPECS,
@@ -46,8 +52,6 @@ from benchmarks.workloads import (
 
 # Tokens per record for read_window token windows: one record per LitData chunk (< 4 MiB).
 TOKEN_RECORD = (PEER_CHUNK_BYTES - 4096) // TOKEN_DTYPE.itemsize
-LOADER_WORKERS = 2
-LOADER_BATCH = 8
 
 
 def _check_litdata() -> None:
@@ -446,8 +450,12 @@ class LitDataLoader(LitDataDataset):
         )
 
     def open(self, data: DatasetData, location: Location) -> None:
+        """Open, then take the loader's first batch: the open is timed with it, so the
+        "first window" of this row is the time to first batch a training loop sees (as for
+        rangestream's loader row)."""
         super().open(data, location)
         self._data, self._location = data, location
+        self._rows.appendleft(self._next_row())
 
     def _next_row(self) -> np.ndarray:
         from litdata import StreamingDataLoader

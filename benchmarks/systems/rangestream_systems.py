@@ -1,37 +1,31 @@
-"""rangestream's own systems — SKELETON, to be completed and checked by the library's lead.
+"""rangestream's systems: sync and async readers, and the StatefulDataLoader.
 
-# ---------------------------------------------------------------------------------------
-# Status: written against the public API as it stood when the harness was built
-# (StreamStorage / TemporalArrayStorage / DocumentStorage readers). It has NOT been run
-# against a finished library. The harness verifies every system's first windows byte for
-# byte against the raw files, so a wrong adapter shows up as "exact ✗ MISMATCH" or as an
-# error row, never as a plausible figure. If ``import rangestream`` fails, every row says
-# "unavailable" with the import error.
-#
-# What the lead has to do:
-#   1. Check ``_write_*`` (prepare): dataset layout options (block/chunk sizes, shards).
-#   2. Check the read paths (sync: one call per window; async: ``concurrency`` windows in
-#      flight on one reader and one event loop).
-#   3. Fill in ``RangestreamLoader`` (StatefulDataLoader.from_storage); it reports itself
-#      unavailable until then.
-# ---------------------------------------------------------------------------------------
+- ``rangestream-sync``: ``StreamStorage.sync_reader().read`` (tokens),
+  ``TemporalArrayStorage.read_window`` (temporal), ``DocumentStorage`` ``read_many`` (documents);
+  one call per window.
+- ``rangestream-async``: the same through ``async_reader()`` / ``aread_window`` with
+  ``concurrency`` windows in flight on one reader and one event loop.
+- ``rangestream-loader``: ``StatefulDataLoader.from_storage`` (2 workers, batches of 8,
+  ``next_token=True``), sequential order, beside LitData's ``StreamingDataLoader``.
 
-Objects must stay at or below ``OBJECT_BYTES`` (4 MiB) on the S3 server: SeaweedFS stores
-larger objects as 4 MiB pieces and range GETs into them are several times slower, which real
-S3 does not do. A Zarr block of 4 MiB of data plus its chunk index would be just over, so the
-blocks here are written with ``PEER_CHUNK_BYTES`` of data. The report lists the largest
-uploaded object per prefix so this stays visible.
+Datasets are written with the library's defaults. ``block_bytes`` (4 MiB by default) bounds
+the whole stored object (data, crc and chunk index), so every object stays at or below
+``OBJECT_BYTES``, the size above which SeaweedFS splits objects into pieces and range GETs
+into them slow down (real S3 does not); the report lists the largest uploaded object per
+prefix so this stays visible.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+from collections import deque
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from benchmarks.config import PEER_CHUNK_BYTES, TEMPORAL_GROUPS, RunConfig
+from benchmarks.config import LOADER_BATCH, LOADER_WORKERS, TEMPORAL_GROUPS, RunConfig
 from benchmarks.systems.base import (
     Location,
     Support,
@@ -110,9 +104,7 @@ class _Rangestream(System):
         rs = _rangestream()
         url = str(out_dir / "ds")  # uploaded unchanged: s3://.../rangestream/<dataset>/ds
         if isinstance(data, TokensData):
-            storage = rs.StreamStorage(
-                url, rs.StreamNumpyFormat(TOKEN_ROW), block_bytes=PEER_CHUNK_BYTES
-            )
+            storage = rs.StreamStorage(url, rs.StreamNumpyFormat(TOKEN_ROW))
             ends = np.cumsum(data.doc_lengths)
             starts = ends - data.doc_lengths
             with storage.sync_writer() as w:
@@ -121,18 +113,14 @@ class _Rangestream(System):
                         doc = np.array(data.tokens[int(starts[d]) : int(ends[d])])
                         w.append(shard, {TOKEN_FIELD: doc})
         elif isinstance(data, TemporalData):
-            storage = rs.TemporalArrayStorage(
-                url, field_groups=[list(g) for g in TEMPORAL_GROUPS], block_bytes=PEER_CHUNK_BYTES
-            )
+            storage = rs.TemporalArrayStorage(url, field_groups=[list(g) for g in TEMPORAL_GROUPS])
             with storage.sync_writer() as w:
                 for shard, a, b in _contiguous_shards(len(data.frame_counts)):
                     for r in range(a, b):
                         w.append(shard, data.record(r))
         else:
             assert isinstance(data, DocumentsData)
-            storage = rs.DocumentStorage(
-                url, rs.DocumentPickleFormat(), block_bytes=PEER_CHUNK_BYTES
-            )
+            storage = rs.DocumentStorage(url, rs.DocumentPickleFormat())
             with storage.sync_writer() as w:
                 for shard, a, b in _contiguous_shards(data.count):
                     for d in range(a, b):
@@ -251,24 +239,110 @@ class RangestreamAsync(_Rangestream):
         super().close()
 
 
+def collate_with_io_stats(samples: list[Any]) -> tuple[Any, int, Any]:
+    """Stack the windows and attach this worker's I/O totals so far (as ``cli/demo.py``).
+
+    Workers are separate processes: this is how their exact request and byte counts reach
+    the measuring process for the local rows, where no proxy counts them.
+    """
+    from rangestream.io import process_io_stats
+    from rangestream.loader import stack_collate
+
+    return stack_collate(samples), os.getpid(), process_io_stats()
+
+
 class RangestreamLoader(_Rangestream):
-    """``StatefulDataLoader.from_storage`` — NOT WRITTEN: for the lead (reports unavailable)."""
+    """``StatefulDataLoader.from_storage``: the training-loop path, beside LitData's loader.
+
+    Sequential order (``shuffle=False``), so loader row ``k`` is window ``k`` of the
+    sequential token workload and the rows can be checked byte for byte. The open is timed
+    with the first *batch* out of the loader (workers started, first reads done), which is
+    the time to first batch a training loop sees. No cache directory: local disk used is 0.
+    """
 
     name = "rangestream-loader"
-    label = "rangestream StatefulDataLoader"
+    label = f"rangestream StatefulDataLoader ({LOADER_WORKERS} workers)"
 
-    def check_available(self) -> None:
-        _rangestream()
-        raise Unavailable("benchmark adapter for the DataLoader not written yet")
+    def __init__(self) -> None:
+        super().__init__()
+        self._iter: Any = None
+        self._rows: deque[np.ndarray] = deque()
+        self._next_index = 0
+        self._io: dict[int, Any] = {}
 
     def supports(self, workload: str, location: str) -> Support | None:
-        return None
+        if workload != "tokens-sequential":
+            return None
+        return Support(
+            note=f"StatefulDataLoader.from_storage(sequence_length=2048, next_token=True, "
+            f"batch_size={LOADER_BATCH}, num_workers={LOADER_WORKERS}, shuffle=False), "
+            "iterated across repeats (epochs restart); no local cache",
+        )
 
     def open(self, data: DatasetData, location: Location) -> None:
-        raise NotImplementedError
+        assert isinstance(data, TokensData)
+        self._storage = self._make_storage(data, location, 16)
+        self._sequence_length = data.window_tokens - 1
+        self._rows.clear()
+        self._next_index = 0
+        self._next_row(peek=True)  # first batch: part of the timed open
+
+    def _loader(self) -> Any:
+        from rangestream import StatefulDataLoader
+
+        return StatefulDataLoader.from_storage(
+            self._storage,
+            collate_with_io_stats,
+            sequence_length=self._sequence_length,
+            batch_size=LOADER_BATCH,
+            num_workers=LOADER_WORKERS,
+            shuffle=False,
+            next_token=True,
+        )
+
+    def _next_row(self, *, peek: bool = False) -> np.ndarray:
+        while not self._rows:
+            if self._iter is None:
+                self._iter = iter(self._loader())
+                self._next_index = 0
+            try:
+                batch, pid, io = next(self._iter)
+            except StopIteration:
+                self._iter = None
+                continue
+            self._io[pid] = io
+            self._rows.extend(np.asarray(batch[TOKEN_FIELD]))
+        if peek:
+            return self._rows[0]
+        self._next_index += 1
+        return self._rows.popleft()
+
+    def io_counters(self) -> dict[str, float] | None:
+        """Requests and bytes the workers reported (latest snapshot per worker process)."""
+        return {
+            "requests": float(sum(s.requests for s in self._io.values())),
+            "response_bytes": float(sum(s.bytes for s in self._io.values())),
+        }
 
     def fetch(self, windows: WindowSet, i: int) -> Payload:
-        raise NotImplementedError
+        """Window ``i`` from the loader's stream when it is next, else from a reader.
+
+        The first fetch (timed with the open) comes out of the loader; the verification of
+        later windows uses a sync reader on the same storage, so it neither consumes nor
+        reorders the loader's stream.
+        """
+        if i == self._next_index and self._iter is not None:
+            return np.array(self._next_row())
+        assert windows.starts is not None
+        if self._reader is None:
+            self._reader = self._storage.sync_reader()
+        return np.array(self._reader.read(int(windows.starts[i]), windows.length)[TOKEN_FIELD])
 
     def read(self, windows: WindowSet, ids: np.ndarray, concurrency: int) -> int:
-        raise NotImplementedError
+        return sum(int(self._next_row().nbytes) for _ in range(len(ids)))
+
+    def close(self) -> None:
+        self._iter = None  # ends the workers
+        self._rows.clear()
+        self._io.clear()
+        super().close()

@@ -3,19 +3,44 @@
 Shipped inside the package (rather than under tests/) so benchmarks and downstream projects
 can measure rangestream against real S3 semantics with the same tools its own tests use.
 Importing it requires the ``dev`` extra only for ``SeaweedFSServer`` (the ``weed`` binary).
+
+The names below are imported lazily (PEP 562): ``python -m rangestream.testing.proxy`` runs
+the proxy module as ``__main__``, and an eager import here would load a second copy of it
+first (runpy warns about exactly that).
 """
 
-from rangestream.testing.proxy import FaultConfig, FaultKind, LatencyProxy, ProxyStats
-from rangestream.testing.seaweedfs import (
-    DEFAULT_ACCESS_KEY,
-    DEFAULT_REGION,
-    DEFAULT_SECRET_KEY,
-    S3Endpoint,
-    SeaweedFSError,
-    SeaweedFSServer,
-    find_weed_binary,
-    validate_bucket_name,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rangestream.testing.proxy import FaultConfig, FaultKind, LatencyProxy, ProxyStats
+    from rangestream.testing.seaweedfs import (
+        DEFAULT_ACCESS_KEY,
+        DEFAULT_REGION,
+        DEFAULT_SECRET_KEY,
+        S3Endpoint,
+        SeaweedFSError,
+        SeaweedFSServer,
+        find_weed_binary,
+        validate_bucket_name,
+    )
+
+_MODULE_OF = {
+    "FaultConfig": "proxy",
+    "FaultKind": "proxy",
+    "LatencyProxy": "proxy",
+    "ProxyStats": "proxy",
+    "DEFAULT_ACCESS_KEY": "seaweedfs",
+    "DEFAULT_REGION": "seaweedfs",
+    "DEFAULT_SECRET_KEY": "seaweedfs",
+    "S3Endpoint": "seaweedfs",
+    "SeaweedFSError": "seaweedfs",
+    "SeaweedFSServer": "seaweedfs",
+    "find_weed_binary": "seaweedfs",
+    "validate_bucket_name": "seaweedfs",
+}
 
 __all__ = [
     "DEFAULT_ACCESS_KEY",
@@ -31,3 +56,16 @@ __all__ = [
     "find_weed_binary",
     "validate_bucket_name",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -10,20 +10,30 @@ failing reliability test can be replayed.
 SigV4 signs the Host header. Clients are pointed at the proxy, so they sign for the proxy's
 host:port, and the proxy forwards that Host header unchanged; the upstream server verifies the
 signature against the same value the client signed.
+
+Run as a process (``python -m rangestream.testing.proxy --upstream URL --delay-ms 20``), it
+prints its endpoint URL on stdout and serves until SIGTERM/SIGINT. That mode exists for
+benchmarks: the proxy's CPU must not be charged to the client being measured, and clients in
+other interpreters read the counters over HTTP, from ``GET /__proxy__/stats`` (JSON) and
+``POST /__proxy__/reset``. Those control paths are answered by the proxy itself, never
+forwarded nor counted; ``__proxy__`` is not a valid bucket name, so no S3 request can clash.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import copy
 import random
 import re
+import signal
 import socket
 import struct
+import sys
 import threading
 from collections import Counter, deque
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import TracebackType
@@ -35,7 +45,10 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
-__all__ = ["FaultConfig", "FaultKind", "LatencyProxy", "ProxyStats"]
+__all__ = ["CONTROL_PREFIX", "FaultConfig", "FaultKind", "LatencyProxy", "ProxyStats", "main"]
+
+#: Path prefix of the proxy's own endpoints (``stats``, ``reset``) when they are enabled.
+CONTROL_PREFIX = "/__proxy__"
 
 _CHUNK_SIZE = 256 * 1024
 # Connection-level headers describe one hop and must not be relayed (RFC 9110 7.6.1). "Expect"
@@ -151,6 +164,19 @@ class ProxyStats:
     def fault(self, kind: FaultKind) -> int:
         return self.faults.get(kind, 0)
 
+    def to_json(self) -> dict[str, Any]:
+        """The snapshot as JSON-compatible values (status codes and fault kinds as strings)."""
+        return {
+            "requests": self.requests,
+            "requests_by_method": dict(self.requests_by_method),
+            "range_gets": self.range_gets,
+            "response_bytes": self.response_bytes,
+            "responses_by_status": {str(k): v for k, v in self.responses_by_status.items()},
+            "faults": {str(k): v for k, v in self.faults.items()},
+            "delay_seconds": self.delay_seconds,
+            "max_in_flight": self.max_in_flight,
+        }
+
 
 class _Counters:
     def __init__(self, in_flight: int = 0) -> None:
@@ -247,7 +273,13 @@ class LatencyProxy:
         host: str = "127.0.0.1",
         port: int = 0,
         start_timeout: float = 10.0,
+        control_endpoints: bool = False,
     ) -> None:
+        """``control_endpoints`` serves ``GET {CONTROL_PREFIX}/stats`` (the counters as JSON)
+        and ``POST {CONTROL_PREFIX}/reset`` for clients in other processes; off by default so
+        that, in-process, every request is forwarded exactly as a client sent it.
+        """
+        self._control_endpoints = control_endpoints
         if isinstance(upstream, str):
             self._upstream_url = upstream
             self._upstream_options: dict[str, Any] | None = None
@@ -429,6 +461,10 @@ class LatencyProxy:
             cookie_jar=aiohttp.DummyCookieJar(),
         )
         app = web.Application()
+        if self._control_endpoints:
+            # Registered before the catch-all, so these are never forwarded nor counted.
+            app.router.add_get(f"{CONTROL_PREFIX}/stats", self._handle_stats)
+            app.router.add_post(f"{CONTROL_PREFIX}/reset", self._handle_reset)
         app.router.add_route("*", "/{tail:.*}", self._handle)
         # handler_cancellation: when a client gives up (timeout), its handler stops too instead
         # of sleeping out a SLOW fault or streaming a body nobody reads.
@@ -445,6 +481,13 @@ class LatencyProxy:
             await self._runner.cleanup()
         if self._session is not None:
             await self._session.close()
+
+    async def _handle_stats(self, request: web.Request) -> web.Response:
+        return web.json_response(self.stats().to_json())
+
+    async def _handle_reset(self, request: web.Request) -> web.Response:
+        self.reset_stats()
+        return web.json_response(self.stats().to_json())
 
     def _admit(self, request: web.Request) -> tuple[FaultKind | None, int]:
         method = request.method.upper()
@@ -613,3 +656,40 @@ class LatencyProxy:
             return response
         await response.write_eof()
         return response
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Serve a proxy in this process until SIGTERM/SIGINT; print its endpoint URL first.
+
+    The first stdout line is the endpoint (``http://host:port``), flushed at once, so a
+    parent started with ``--port 0`` learns the port without racing for a free one.
+    """
+    parser = argparse.ArgumentParser(
+        prog="python -m rangestream.testing.proxy",
+        description="A latency-adding, counting S3 proxy, with its counters served over HTTP "
+        f"at {CONTROL_PREFIX}/stats (GET) and {CONTROL_PREFIX}/reset (POST).",
+    )
+    parser.add_argument("--upstream", required=True, help="http(s) URL of the S3 server")
+    parser.add_argument("--delay-ms", type=float, default=20.0, help="added per request")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    args = parser.parse_args(argv)
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    with LatencyProxy(
+        args.upstream,
+        delay=args.delay_ms / 1000.0,
+        host=args.host,
+        port=args.port,
+        control_endpoints=True,
+    ) as proxy:
+        print(proxy.endpoint_url, flush=True)
+        while not stop.wait(3600):
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
