@@ -59,7 +59,8 @@ class IOStats:
     """Exact counts of what a reader asked the store for.
 
     ``requests`` counts attempts that reached the store (retries included), ``retries`` the
-    attempts that were repeats, ``bytes`` the payload bytes received.
+    attempts that were repeats, ``bytes`` the payload bytes received; ``by_key_kind`` and
+    ``bytes_by_key_kind`` split requests and bytes by array (``stream``, ``payload_heap``).
     """
 
     requests: int = 0
@@ -67,23 +68,32 @@ class IOStats:
     retries: int = 0
     failures: int = 0
     by_key_kind: dict[str, int] = field(default_factory=dict)
+    bytes_by_key_kind: dict[str, int] = field(default_factory=dict)
 
     def copy(self) -> IOStats:
         return IOStats(
-            self.requests, self.bytes, self.retries, self.failures, dict(self.by_key_kind)
+            self.requests,
+            self.bytes,
+            self.retries,
+            self.failures,
+            dict(self.by_key_kind),
+            dict(self.bytes_by_key_kind),
         )
 
     def __sub__(self, other: IOStats) -> IOStats:
-        kinds = {
-            kind: count - other.by_key_kind.get(kind, 0) for kind, count in self.by_key_kind.items()
-        }
         return IOStats(
             self.requests - other.requests,
             self.bytes - other.bytes,
             self.retries - other.retries,
             self.failures - other.failures,
-            {kind: count for kind, count in kinds.items() if count},
+            _difference(self.by_key_kind, other.by_key_kind),
+            _difference(self.bytes_by_key_kind, other.bytes_by_key_kind),
         )
+
+
+def _difference(now: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    changed = {kind: count - before.get(kind, 0) for kind, count in now.items()}
+    return {kind: count for kind, count in changed.items() if count}
 
 
 _process_stats = IOStats()
@@ -110,6 +120,7 @@ def _bump_process_stats(key_kind: str, nbytes: int, retry: bool) -> None:
     stats.bytes += nbytes
     stats.retries += int(retry)
     stats.by_key_kind[key_kind] = stats.by_key_kind.get(key_kind, 0) + 1
+    stats.bytes_by_key_kind[key_kind] = stats.bytes_by_key_kind.get(key_kind, 0) + nbytes
 
 
 _process_slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
@@ -198,6 +209,7 @@ class RangeReader:
             stats.retries += 1
         kind = _key_kind(key)
         stats.by_key_kind[kind] = stats.by_key_kind.get(kind, 0) + 1
+        stats.bytes_by_key_kind[kind] = stats.bytes_by_key_kind.get(kind, 0) + nbytes
         _bump_process_stats(kind, nbytes, retry)
 
     # -- one request, async -----------------------------------------------------------
