@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import pytest
@@ -133,3 +133,18 @@ def test_pad_collate_refuses_to_overwrite_a_sample_field() -> None:
 def test_pad_collate_names_missing_fields() -> None:
     with pytest.raises(CollateError, match=r"\['text'\]"):
         PadCollate({"text": Pad()})([{"tokens": np.arange(2)}])
+
+
+def test_workers_collate_straight_into_shared_memory() -> None:
+    def collate_and_report(samples: list[Any]) -> Any:
+        batch = stack_collate(samples)
+        return batch, batch.is_shared()
+
+    loader = torch.utils.data.DataLoader(
+        [np.arange(4) + i for i in range(6)], batch_size=3, num_workers=1,
+        collate_fn=collate_and_report,
+    )  # fmt: skip
+    results = list(loader)
+    assert [shared for _, shared in results] == [True, True]
+    np.testing.assert_array_equal(results[1][0].numpy(), np.arange(4) + np.arange(3, 6)[:, None])
+    assert not stack_collate([np.arange(2), np.arange(2)]).is_shared()  # not in a worker

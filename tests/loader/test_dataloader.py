@@ -4,6 +4,7 @@ import json
 import multiprocessing
 import os
 import signal
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -21,6 +22,7 @@ from rangestream import (
     TemporalArrayStorage,
 )
 from rangestream.errors import LoaderConfigError, StateError
+from rangestream.io import process_io_stats
 from rangestream.loader import (
     IndexedBatchDataset,
     Pad,
@@ -644,3 +646,32 @@ def test_workers_read_a_real_stream_with_every_start_method_after_the_parent_rea
     starts = windows[:, 0]
     np.testing.assert_array_equal(windows, starts[:, None] + np.arange(8))
     assert sorted((starts // 8).tolist()) == sorted(epoch_order(45, SEED, 0)[:45])
+
+
+def test_a_sequential_batch_is_read_with_one_request(location: Location) -> None:
+    tokens = np.arange(64 * 40, dtype="<i4")
+    storage = StreamStorage(location.url, StreamNumpyFormat(TOKENS),
+                            storage_options=location.storage_options)  # fmt: skip
+    with storage.sync_writer() as writer:
+        writer.append(0, {"tokens": tokens, "loss_mask": (tokens % 2).astype("u1")})
+    loader = StatefulDataLoader.from_storage(
+        storage, sequence_length=16, batch_size=4, num_workers=0, shuffle=False
+    )
+    before = process_io_stats()
+    batches = [batch["tokens"].numpy() for batch in loader]
+    spent = process_io_stats() - before
+    assert len(batches) == 40  # 160 windows of 16 tokens, 4 per batch
+    np.testing.assert_array_equal(np.concatenate(batches).reshape(-1), tokens)
+    # the four adjacent windows of each batch come back from one coalesced range request
+    assert spent.by_key_kind.get("stream") == 40
+
+
+def test_local_storage_is_read_without_an_event_loop_thread(tmp_path: Path) -> None:
+    url = str(tmp_path / "tokens")
+    write_token_stream(url, {}, [100, 60])
+    storage = StreamStorage(url, StreamNumpyFormat(TOKENS))
+    loader = StatefulDataLoader.from_storage(storage, sequence_length=10, batch_size=3)
+    threads = set()
+    for _ in loader:
+        threads |= {thread.name for thread in threading.enumerate()}
+    assert "rangestream-loader-io" not in threads

@@ -22,6 +22,11 @@ class DocumentDataset:
     def __repr__(self) -> str:
         return f"DocumentDataset({self.storage!r})"
 
+    @property
+    def is_local(self) -> bool:
+        """Whether the storage is on local disk (the loader then reads synchronously)."""
+        return bool(getattr(self.storage, "is_local", False))
+
     def sync_reader(self) -> DocumentReader:
         return DocumentReader(self)
 

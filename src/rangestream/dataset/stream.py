@@ -61,6 +61,11 @@ class StreamDataset:
         )
 
     @property
+    def is_local(self) -> bool:
+        """Whether the storage is on local disk (the loader then reads synchronously)."""
+        return bool(getattr(self.storage, "is_local", False))
+
+    @property
     def window_length(self) -> int:
         return self.sequence_length + (1 if self.next_token else 0)
 

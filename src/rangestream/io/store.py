@@ -480,6 +480,13 @@ def _close_io_loop_filesystems() -> None:
 atexit.register(_close_io_loop_filesystems)
 
 
+def is_local_url(url: str | os.PathLike[str]) -> bool:
+    """Whether ``url`` names a local directory, which :func:`open_store` serves with pread."""
+    if isinstance(url, os.PathLike) or "://" not in str(url):
+        return True
+    return str(url).split("://", 1)[0] in _LOCAL_PROTOCOLS
+
+
 def open_store(
     url: str | os.PathLike[str], storage_options: dict[str, Any] | None = None
 ) -> ObjectStore:

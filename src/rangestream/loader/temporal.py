@@ -12,7 +12,7 @@ resuming means nothing more than restarting the counter at ``consumed_samples``.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Literal, Protocol
 
@@ -234,3 +234,16 @@ class TemporalBatchDataset(BatchIterableDataset):
         if self.fields is None:
             return await source.aread_window(record, start, self.frames)
         return await source.aread_window(record, start, self.frames, self.fields)
+
+    def _sync_open(self) -> Callable[[], contextlib.AbstractContextManager[Any]] | None:
+        if getattr(self.storage, "is_local", False) and hasattr(self.storage, "read_window"):
+            return lambda: contextlib.nullcontext(self.storage)
+        return None
+
+    def _read_many_sync(self, source: Any, requests: list[tuple[int, int]]) -> list[Any]:
+        if self.fields is None:
+            return [source.read_window(record, start, self.frames) for record, start in requests]
+        return [
+            source.read_window(record, start, self.frames, self.fields)
+            for record, start in requests
+        ]

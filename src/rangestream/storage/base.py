@@ -30,7 +30,7 @@ from rangestream.io.range_reader import (
 from rangestream.io.ranges import ObjectRequest
 from rangestream.io.retry import RetryPolicy
 from rangestream.io.retrying_store import RetryingStore
-from rangestream.io.store import LocalStore, ObjectStore, open_store
+from rangestream.io.store import LocalStore, ObjectStore, is_local_url, open_store
 from rangestream.layout.block import ArrayLayout
 from rangestream.layout.manifest import MAX_ROOT_BYTES, ROOT_KEY, Manifest, parse_root
 from rangestream.layout.rows import BlockIndexCache, RowRange, read_rows
@@ -114,6 +114,11 @@ class Storage(abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
+
+    @property
+    def is_local(self) -> bool:
+        """Whether reads go to local files, where a sync ``pread`` beats any event loop."""
+        return is_local_url(self.url)
 
     def _layout(
         self,
