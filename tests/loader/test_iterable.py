@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import time
@@ -212,3 +213,30 @@ def test_invalid_batch_size_and_prefetch_are_refused() -> None:
         make_dataset(4, batch_size=0)
     with pytest.raises(LoaderConfigError, match="prefetch"):
         make_dataset(4, prefetch=0)
+
+
+def test_reads_start_when_the_iterator_is_made_before_the_first_batch_is_asked_for() -> None:
+    # In a DataLoader worker iter(dataset) runs before the start-up handshake; the open and
+    # the first reads must overlap it instead of waiting for the first next().
+    dataset = make_dataset(40, batch_size=4, prefetch=8, delay=0.001)
+    stats = fake_of(dataset).stats
+    iterator = iter(dataset)
+    deadline = time.monotonic() + 5
+    while stats.started < 8 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert stats.opened == 1
+    assert stats.started == 8
+    assert positions_of(next(iterator)) == epoch_order(40, seed=3, epoch=0)[:4]
+
+
+def test_an_iterator_dropped_before_its_first_batch_stops_its_loop_thread() -> None:
+    dataset = make_dataset(40, delay=0.001)
+    iterator = iter(dataset)
+    del iterator
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(
+        thread.name == "rangestream-loader-io" for thread in threading.enumerate()
+    ):
+        time.sleep(0.01)
+    assert not [t for t in threading.enumerate() if t.name == "rangestream-loader-io"]

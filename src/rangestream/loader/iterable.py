@@ -154,13 +154,9 @@ class _EventLoopThread:
     def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         return self.submit(coroutine).result()
 
-    def enter(self, open_context: Callable[[], AbstractAsyncContextManager[T]]) -> T:
-        """Enter an async context on the loop; it is exited when this object closes."""
-
-        async def enter() -> T:
-            return await self._stack.enter_async_context(open_context())
-
-        return self.run(enter())
+    async def enter_async(self, open_context: Callable[[], AbstractAsyncContextManager[T]]) -> T:
+        """Enter an async context (on the loop); it is exited when this object closes."""
+        return await self._stack.enter_async_context(open_context())
 
     def close(self) -> None:
         if os.getpid() != self._pid:
@@ -169,10 +165,10 @@ class _EventLoopThread:
 
         async def shutdown() -> None:
             current = asyncio.current_task()
-            tasks = [task for task in asyncio.all_tasks() if task is not current]
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            while tasks := [task for task in asyncio.all_tasks() if task is not current]:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
             await self._stack.aclose()
 
         try:
@@ -404,66 +400,23 @@ class BatchIterableDataset(IterableDataset[Any]):
                 )
             self._resume = None
         self._worker_batches = done
-        # The position is fixed now, not when the generator first runs.
-        return self._generate(self._epoch, self._consumed_samples, worker_id, num_workers, done)
-
-    def _generate(
-        self, epoch: int, consumed: int, worker_id: int, num_workers: int, done: int
-    ) -> Iterator[Any]:
-        position = (epoch, consumed, worker_id, num_workers, done)
+        # The position is fixed now, not when the first batch is asked for.
+        position = (self._epoch, self._consumed_samples, worker_id, num_workers, done)
         open_sync = self._sync_open()
         if open_sync is not None:
-            with open_sync() as source:
-                batches = self._batch_requests(source, *position)
-                for requests in batches:
-                    samples = self._read_many_sync(source, requests)
-                    self._worker_batches += 1
-                    yield self.collate_fn(samples)
-            return
-        with _EventLoopThread() as io:
-            source = io.enter(self._open)
-            batches = self._batch_requests(source, *position)
-            yield from self._prefetched(io, source, batches)
+            return self._generate_sync(open_sync, position)
+        return _PrefetchingIterator(self, position)
 
-    def _prefetched(
-        self, io: _EventLoopThread, source: Any, batches: Iterator[list[Any]]
+    def _generate_sync(
+        self,
+        open_sync: Callable[[], contextlib.AbstractContextManager[Any]],
+        position: tuple[int, int, int, int, int],
     ) -> Iterator[Any]:
-        """Collated batches, read ahead through ``io`` with at most ``prefetch`` samples in flight.
-
-        A batch is read with one ``_read_many`` call (one round of coalesced range requests)
-        when the budget allows, else in parts; a part never spans two batches, so nothing
-        read ahead sits outside the budget while a batch is handed over.
-        """
-        pending: deque[tuple[int, concurrent.futures.Future[list[Any]]]] = deque()
-        in_flight = 0
-        scheduling: list[Any] = []
-
-        def fill() -> None:
-            nonlocal in_flight, scheduling
-            while in_flight < self.prefetch:
-                if not scheduling:
-                    scheduling = next(batches, [])
-                    if not scheduling:
-                        return
-                take = min(len(scheduling), self.prefetch - in_flight)
-                part, scheduling = scheduling[:take], scheduling[take:]
-                pending.append((take, io.submit(self._read_many(source, part))))
-                in_flight += take
-
-        batch: list[Any] = []
-        fill()
-        while pending:
-            # Waiting on the oldest read keeps the order; the others run meanwhile.
-            count, future = pending.popleft()
-            samples = future.result()
-            in_flight -= count
-            fill()
-            batch.extend(samples)
-            if len(batch) == self.batch_size:
-                collated = self.collate_fn(batch)
-                batch = []
+        with open_sync() as source:
+            for requests in self._batch_requests(source, *position):
+                samples = self._read_many_sync(source, requests)
                 self._worker_batches += 1
-                yield collated
+                yield self.collate_fn(samples)
 
     def _batch_requests(
         self,
@@ -496,6 +449,109 @@ class BatchIterableDataset(IterableDataset[Any]):
             requests = self._requests(source, block.reshape(-1), epoch)
             for first in range(0, len(requests), self.batch_size):
                 yield list(requests[first : first + self.batch_size])
+
+
+class _ReadAhead:
+    """The reads in flight of one iteration: at most ``prefetch`` samples, oldest first.
+
+    A batch is read with one ``_read_many`` call (one round of coalesced range requests)
+    when the budget allows, else in parts that never span two batches, so nothing read
+    ahead sits outside the budget while a batch is handed over.
+    """
+
+    def __init__(self, dataset: BatchIterableDataset, io: _EventLoopThread) -> None:
+        self.dataset = dataset
+        self.io = io
+        self.pending: deque[tuple[int, concurrent.futures.Future[list[Any]]]] = deque()
+        self.in_flight = 0
+        self._scheduling: list[Any] = []
+        self._batches: Iterator[list[Any]] = iter(())
+        self._source: Any = None
+
+    async def start(self, position: tuple[int, int, int, int, int]) -> None:
+        """Open the source on the loop and submit the first reads."""
+        self._source = await self.io.enter_async(self.dataset._open)
+        self._batches = self.dataset._batch_requests(self._source, *position)
+        self.fill()
+
+    def fill(self) -> None:
+        budget = self.dataset.prefetch
+        while self.in_flight < budget:
+            if not self._scheduling:
+                self._scheduling = next(self._batches, [])
+                if not self._scheduling:
+                    return
+            take = min(len(self._scheduling), budget - self.in_flight)
+            part, self._scheduling = self._scheduling[:take], self._scheduling[take:]
+            read = self.io.submit(self.dataset._read_many(self._source, part))
+            self.pending.append((take, read))
+            self.in_flight += take
+
+
+class _PrefetchingIterator(Iterator[Any]):
+    """Collated batches read ahead on a private event loop, started as soon as it is made.
+
+    Creating it submits the open and the first reads to the loop thread without waiting for
+    them: in a DataLoader worker ``iter(dataset)`` runs before the worker answers the
+    loader's start-up handshake, so the open and the first requests overlap that round trip
+    instead of following it. Results are taken in order. Only the caller holds this object
+    (the loop holds the :class:`_ReadAhead`), so dropping it closes the loop from the
+    caller's thread.
+    """
+
+    def __init__(
+        self, dataset: BatchIterableDataset, position: tuple[int, int, int, int, int]
+    ) -> None:
+        self._dataset = dataset
+        self._batch: list[Any] = []
+        self._closed = False
+        self._io = _EventLoopThread()
+        self._reads = _ReadAhead(dataset, self._io)
+        self._started: concurrent.futures.Future[None] | None = self._io.submit(
+            self._reads.start(position)
+        )
+
+    def __next__(self) -> Any:
+        if self._closed:
+            raise StopIteration
+        reads = self._reads
+        try:
+            if self._started is not None:
+                self._started.result()
+                self._started = None
+            while reads.pending:
+                # Waiting on the oldest read keeps the order; the others run meanwhile.
+                count, read = reads.pending.popleft()
+                samples = read.result()
+                reads.in_flight -= count
+                reads.fill()
+                self._batch.extend(samples)
+                if len(self._batch) == self._dataset.batch_size:
+                    batch, self._batch = self._batch, []
+                    collated = self._dataset.collate_fn(batch)
+                    self._dataset._worker_batches += 1
+                    return collated
+        except BaseException:
+            self.close()
+            raise
+        self.close()
+        raise StopIteration
+
+    def close(self) -> None:
+        """Cancel what is in flight and stop the loop thread (idempotent)."""
+        if not self._closed:
+            self._closed = True
+            if self._started is not None:
+                # Let the start finish (or stop at its open) first: once it returns, every
+                # read it submitted is a task that the loop's shutdown can cancel.
+                self._started.cancel()
+                with contextlib.suppress(BaseException):
+                    self._started.result()
+            self._io.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
 
 
 class IndexedBatchDataset(BatchIterableDataset):
