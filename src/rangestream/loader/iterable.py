@@ -262,7 +262,10 @@ class BatchIterableDataset(IterableDataset[Any]):
 
     def _read_many_sync(self, source: Any, requests: list[Any]) -> list[Any]:
         """Samples of one batch from the source of :meth:`_sync_open`."""
-        raise NotImplementedError(f"{type(self).__name__} has no sync read path")
+        raise TypeError(
+            f"{type(self).__name__}._sync_open returned a reader but _read_many_sync is not "
+            "overridden to read from it"
+        )
 
     @abstractmethod
     def state_identity(self) -> dict[str, Any]:
