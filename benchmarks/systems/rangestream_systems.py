@@ -236,6 +236,9 @@ class RangestreamAsync(_Rangestream):
             aclose = getattr(self._storage, "aclose", None)
             if callable(aclose):
                 self._loop.run_until_complete(aclose())
+        if self._loop is not None:
+            # as asyncio.run does: the loop's shared S3 clients close with its async generators
+            self._loop.run_until_complete(self._loop.shutdown_asyncgens())
         super().close()
 
 

@@ -69,16 +69,18 @@ class RetryingStore(ObjectStore):
     def describe(self, key: str) -> str:
         return self.inner.describe(key)
 
-    async def connect(self) -> None:
-        await self.inner.connect()
+    async def connect(self, *, writes: bool = False) -> None:
+        await self.inner.connect(writes=writes)
 
-    def is_connected(self) -> bool:
-        return self.inner.is_connected()
+    def is_connected(self, *, writes: bool = False) -> bool:
+        return self.inner.is_connected(writes=writes)
 
-    async def _retry(self, what: str, key: str, call: Callable[[], Awaitable[T]]) -> T:
-        if not self.inner.is_connected():
+    async def _retry(
+        self, what: str, key: str, call: Callable[[], Awaitable[T]], *, writes: bool = False
+    ) -> T:
+        if not self.inner.is_connected(writes=writes):
             # the session is made once per loop, outside any request's timeout
-            await self.inner.connect()
+            await self.inner.connect(writes=writes)
         return await with_retries(self.policy, call, f"{what} {self.describe(key)}", self._rng)
 
     async def get_range(self, key: str, start: int, end: int) -> bytes:
@@ -91,7 +93,7 @@ class RetryingStore(ObjectStore):
         return await self._retry("get", key, lambda: self.inner.get(key))
 
     async def put(self, key: str, data: bytes | memoryview) -> None:
-        await self._retry("put", key, lambda: self.inner.put(key, data))
+        await self._retry("put", key, lambda: self.inner.put(key, data), writes=True)
 
     async def size(self, key: str) -> int:
         return await self._retry("size of", key, lambda: self.inner.size(key))
@@ -100,10 +102,10 @@ class RetryingStore(ObjectStore):
         return await self._retry("exists", key, lambda: self.inner.exists(key))
 
     async def list(self, prefix: str) -> list[str]:
-        return await self._retry("list", prefix, lambda: self.inner.list(prefix))
+        return await self._retry("list", prefix, lambda: self.inner.list(prefix), writes=True)
 
     async def delete_prefix(self, prefix: str) -> None:
-        await self._retry("delete", prefix, lambda: self.inner.delete_prefix(prefix))
+        await self._retry("delete", prefix, lambda: self.inner.delete_prefix(prefix), writes=True)
 
     async def aclose(self) -> None:
         await self.inner.aclose()

@@ -21,6 +21,7 @@ from typing import Any
 
 from rangestream.errors import StorageError, UnsafeKeyError
 from rangestream.io.loop import current_pid
+from rangestream.io.s3_reads import S3ReadClient, S3ReadConfig, lean_read_config, lean_reads_enabled
 
 _LOCAL_PROTOCOLS = {"file", "local"}
 #: Local reads larger than this are first clamped to the file's size (one ``fstat``).
@@ -97,14 +98,16 @@ class ObjectStore(ABC):
     async def aclose(self) -> None:  # noqa: B027 - most stores hold nothing to release
         """Release connections held for the running loop."""
 
-    async def connect(self) -> None:  # noqa: B027 - most stores have no session to make
+    async def connect(self, *, writes: bool = False) -> None:  # noqa: B027 - often nothing to do
         """Make the running loop's session now, so that no request's timeout pays for it.
 
         Creating an S3 client (and resolving credentials) can take longer than a tight
         ``RetryPolicy.request_timeout``; the range reader calls this outside that timeout.
+        ``writes=True`` also makes what puts, listings and deletes need (S3 reads and writes
+        use different clients).
         """
 
-    def is_connected(self) -> bool:
+    def is_connected(self, *, writes: bool = False) -> bool:
         """Whether ``connect`` has nothing to do on the running loop (a cheap check)."""
         return True
 
@@ -131,6 +134,9 @@ class LocalStore(ObjectStore):
     A bounded mmap cache was measured and dropped: random windows touch fresh pages, and
     their page faults cost more than pread's copy (0.25x against 0.31x of raw memmap
     slicing on 64-frame temporal windows, and no difference on 2049-token windows).
+    ``TemporalArrayStorage`` does keep mappings, outside this store, because it also drops
+    the ``bytes`` copy and the per-read crc32c pass (``rangestream.io.local_map``); it gets
+    file paths from ``local_path``.
     """
 
     supports_sync_reads = True
@@ -154,6 +160,10 @@ class LocalStore(ObjectStore):
 
     def _path(self, key: str) -> Path:
         return self.root / check_key(key)
+
+    def local_path(self, key: str) -> str:
+        """The file of ``key`` (checked like every key), for readers that map it."""
+        return str(self._path(key))
 
     def _fd(self, key: str) -> int:
         with self._fd_lock:
@@ -248,13 +258,31 @@ class LocalStore(ObjectStore):
         await asyncio.to_thread(shutil.rmtree, path, True)
 
 
-#: Async filesystems shared by every store of this process on a loop, by options.
-#: Creating an S3 client costs 150-450 ms of CPU (botocore loads its service models), so
-#: readers of one process and loop share one client and its connection pool.
+#: Async filesystems and S3 read clients shared by every store of this process on a loop,
+#: by options. Creating an S3 client costs 150-450 ms of CPU (botocore loads its service
+#: models), so readers of one process and loop share one client and its connection pool.
 _shared_filesystems: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, Any]] = (
     weakref.WeakKeyDictionary()
 )
 _shared_pid = os.getpid()
+#: A forked child's inherited clients, kept alive and never used: collecting one would close
+#: its sockets, and in the child that also removes them from the parent's shared epoll set.
+_inherited_clients: list[Any] = []
+
+
+async def _loop_clients(loop: asyncio.AbstractEventLoop) -> dict[str, Any]:
+    """The running loop's shared clients by options key (this process's only)."""
+    global _shared_pid
+    if _shared_pid != current_pid():
+        for by_options in _shared_filesystems.values():
+            _inherited_clients.extend(by_options.values())
+        _shared_filesystems.clear()
+        _shared_pid = current_pid()
+    by_options = _shared_filesystems.get(loop)
+    if by_options is None:
+        by_options = _shared_filesystems[loop] = {}
+        await _close_with_loop(by_options)
+    return by_options
 
 
 def _options_key(protocol: str, options: dict[str, Any]) -> str:
@@ -270,19 +298,33 @@ class FsspecStore(ObjectStore):
     fork, so one instance is kept per (process, loop, options), shared by all stores, and
     rebuilt when the process or loop changes. Synchronous filesystems (``memory://`` and
     friends) run in a worker thread.
+
+    S3 reads go through ``s3_reads.S3ReadClient`` (a fraction of s3fs's CPU per request and
+    at client creation), shared and rebuilt the same way; s3fs keeps writes, listings and
+    deletes. Storage options that client does not reproduce, or ``RANGESTREAM_S3_READS=s3fs``,
+    keep reads on s3fs.
     """
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
-        import fsspec
-
         super().__init__(url)
         protocol, path = url.split("://", 1)
         self.protocol = protocol
         self.root_path = path.rstrip("/")
         self._storage_options = dict(storage_options or {})
-        cls = fsspec.get_filesystem_class(protocol)
-        self._is_async = bool(getattr(cls, "async_impl", False))
+        self._read_config: S3ReadConfig | None = None
+        if protocol in {"s3", "s3a"} and lean_reads_enabled():
+            self._read_config = lean_read_config(self._options())
+        if self._read_config is not None:
+            self._is_async = True  # s3fs is async; not imported until a write needs it
+        else:
+            import fsspec
+
+            cls = fsspec.get_filesystem_class(protocol)
+            self._is_async = bool(getattr(cls, "async_impl", False))
         self._instances: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._read_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, S3ReadClient] = (
             weakref.WeakKeyDictionary()
         )
         self._sync_instance: Any = None
@@ -312,14 +354,19 @@ class FsspecStore(ObjectStore):
     def _path(self, key: str) -> str:
         return f"{self.root_path}/{check_key(key)}" if key else self.root_path
 
+    def _forget_parent_clients(self) -> None:
+        if self._pid != current_pid():
+            _inherited_clients.extend(self._read_clients.values())
+            _inherited_clients.extend(self._instances.values())
+            self._instances = weakref.WeakKeyDictionary()
+            self._read_clients = weakref.WeakKeyDictionary()
+            self._sync_instance = None
+            self._pid = current_pid()
+
     async def _fs(self) -> Any:
         import fsspec
 
-        global _shared_pid
-        if self._pid != current_pid():
-            self._instances = weakref.WeakKeyDictionary()
-            self._sync_instance = None
-            self._pid = current_pid()
+        self._forget_parent_clients()
         if not self._is_async:
             if self._sync_instance is None:
                 self._sync_instance = fsspec.filesystem(self.protocol, **self._options())
@@ -328,14 +375,8 @@ class FsspecStore(ObjectStore):
         fs = self._instances.get(loop)
         if fs is not None:
             return fs
-        if _shared_pid != current_pid():
-            _shared_filesystems.clear()
-            _shared_pid = current_pid()
         options = self._options()
-        by_options = _shared_filesystems.get(loop)
-        if by_options is None:
-            by_options = _shared_filesystems[loop] = {}
-            await _close_with_loop(by_options)
+        by_options = await _loop_clients(loop)
         key = _options_key(self.protocol, options)
         fs = by_options.get(key)
         if fs is None:
@@ -350,15 +391,45 @@ class FsspecStore(ObjectStore):
         self._instances[loop] = fs
         return fs
 
-    async def connect(self) -> None:
+    async def _reads(self) -> S3ReadClient:
+        """The lean S3 read client of this process, loop and options (``s3_reads``)."""
+        assert self._read_config is not None
+        self._forget_parent_clients()
+        loop = asyncio.get_running_loop()
+        client = self._read_clients.get(loop)
+        if client is not None:
+            return client
+        by_options = await _loop_clients(loop)
+        key = "lean-reads:" + _options_key(self.protocol, self._options())
+        client = by_options.get(key)
+        if client is None:
+            client = by_options[key] = S3ReadClient(self._read_config)
+        self._read_clients[loop] = client
+        return client
+
+    def _bucket_key(self, key: str) -> tuple[str, str]:
+        bucket, _, object_key = self._path(key).partition("/")
+        return bucket, object_key
+
+    async def connect(self, *, writes: bool = False) -> None:
+        if self._read_config is not None:
+            await self._reads()
+            if not writes:
+                return
         await self._fs()
 
-    def is_connected(self) -> bool:
+    def is_connected(self, *, writes: bool = False) -> bool:
         if self._pid != current_pid():
             return False
         if not self._is_async:
             return self._sync_instance is not None
-        return asyncio.get_running_loop() in self._instances
+        loop = asyncio.get_running_loop()
+        if self._read_config is not None:
+            if loop not in self._read_clients:
+                return False
+            if not writes:
+                return True
+        return loop in self._instances
 
     async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         fs = await self._fs()
@@ -369,25 +440,40 @@ class FsspecStore(ObjectStore):
     async def get_range(self, key: str, start: int, end: int) -> bytes:
         if end <= start:
             return b""
+        if self._read_config is not None:
+            return await (await self._reads()).get_range(*self._bucket_key(key), start, end)
         return bytes(await self._call("cat_file", self._path(key), start=start, end=end))
 
     async def get_suffix(self, key: str, nbytes: int) -> bytes:
+        if self._read_config is not None:
+            return await (await self._reads()).get_suffix(*self._bucket_key(key), nbytes)
         if self.protocol in {"s3", "s3a"}:
             return bytes(await self._call("cat_file", self._path(key), start=-nbytes))
         size = await self.size(key)
         return await self.get_range(key, max(0, size - nbytes), size)
 
     async def get(self, key: str) -> bytes:
+        if self._read_config is not None:
+            return await (await self._reads()).get(*self._bucket_key(key))
         return bytes(await self._call("cat_file", self._path(key)))
 
     async def put(self, key: str, data: bytes | memoryview) -> None:
         await self._call("pipe_file", self._path(key), bytes(data))
 
     async def size(self, key: str) -> int:
+        if self._read_config is not None:
+            with contextlib.suppress(FileNotFoundError):
+                return await (await self._reads()).size(*self._bucket_key(key))
+            # no such object: s3fs says what a "directory" prefix measures, or raises
         info = await self._call("info", self._path(key))
         return int(info["size"])
 
     async def exists(self, key: str) -> bool:
+        if self._read_config is not None:
+            with contextlib.suppress(FileNotFoundError):
+                await (await self._reads()).size(*self._bucket_key(key))
+                return True
+            # no such object: s3fs also counts a prefix with objects under it as existing
         try:
             await self._call("info", self._path(key))
         except FileNotFoundError:
@@ -430,7 +516,9 @@ class FsspecStore(ObjectStore):
         here; ``close_loop_filesystems`` closes them all before a loop ends.
         """
         with contextlib.suppress(RuntimeError):
-            self._instances.pop(asyncio.get_running_loop(), None)
+            loop = asyncio.get_running_loop()
+            self._instances.pop(loop, None)
+            self._read_clients.pop(loop, None)
 
 
 async def _close_with_loop(by_options: dict[str, Any]) -> None:
@@ -457,6 +545,10 @@ async def close_loop_filesystems() -> None:
     by_options = _shared_filesystems.pop(asyncio.get_running_loop(), {})
     by_options.pop("__closer__", None)
     for fs in by_options.values():
+        if isinstance(fs, S3ReadClient):
+            with contextlib.suppress(Exception):
+                await fs.aclose()
+            continue
         client = getattr(fs, "_s3", None)
         if client is not None:
             # closing a half-broken session must not mask the error that broke it

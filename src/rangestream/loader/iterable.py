@@ -170,6 +170,9 @@ class _EventLoopThread:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
             await self._stack.aclose()
+            # Finalise async generators as asyncio.run does: the S3 clients shared on this
+            # loop close through one of them (rangestream.io.store), before the loop closes.
+            await self._loop.shutdown_asyncgens()
 
         try:
             self.run(shutdown())
