@@ -111,6 +111,13 @@ class ObjectStore(ABC):
         """Whether ``connect`` has nothing to do on the running loop (a cheap check)."""
         return True
 
+    def preload(self) -> None:  # noqa: B027 - local files need no client code
+        """Import the client code reads will need, without connecting.
+
+        A process about to fork DataLoader workers calls this, so that each worker inherits
+        the imports instead of paying for them on its way to the first batch.
+        """
+
     def get_range_sync(self, key: str, start: int, end: int) -> bytes:
         raise TypeError(f"{type(self).__name__} has no synchronous reads")
 
@@ -417,6 +424,21 @@ class FsspecStore(ObjectStore):
             if not writes:
                 return
         await self._fs()
+
+    def preload(self) -> None:
+        """Import aiohttp and botocore's signer (lean S3 reads) or the fsspec filesystem.
+
+        About 200 ms of CPU for aiohttp and botocore's signer alone: paid once in the
+        process that forks DataLoader workers rather than once in every worker.
+        """
+        if self._read_config is not None:
+            import aiohttp  # noqa: F401
+            import botocore.auth
+            import botocore.awsrequest  # noqa: F401
+        else:
+            import fsspec
+
+            fsspec.get_filesystem_class(self.protocol)
 
     def is_connected(self, *, writes: bool = False) -> bool:
         if self._pid != current_pid():

@@ -15,6 +15,7 @@ the next loop continues the same epoch.
 
 from __future__ import annotations
 
+import multiprocessing
 import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -31,6 +32,16 @@ STATE_VERSION = 1
 """Version of the :meth:`StatefulDataLoader.state_dict` schema."""
 
 _DATASET_OPTIONS = ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last", "collate_fn")
+
+
+def _start_method(kwargs: dict[str, Any]) -> str:
+    """How the DataLoader will start its workers (``fork``, ``spawn``, ``forkserver``)."""
+    context = kwargs.get("multiprocessing_context")
+    if isinstance(context, str):
+        return context
+    if context is not None:
+        return str(context.get_start_method())
+    return str(multiprocessing.get_context().get_start_method())
 
 
 def _pass_through(batch: Any) -> Any:
@@ -126,6 +137,8 @@ class StatefulDataLoader(torchdata.stateful_dataloader.StatefulDataLoader):
                 "order that the resume position relies on"
             )
         kwargs.setdefault("snapshot_every_n_steps", None)
+        if kwargs.get("num_workers", 0) > 0 and _start_method(kwargs) == "fork":
+            dataset.preload()  # forked workers inherit the client imports
         with warnings.catch_warnings():
             # torchdata 0.11 calls a torch API that torch 2.13 deprecates; nothing to act on.
             warnings.filterwarnings("ignore", message=".*set_vital.*", category=UserWarning)

@@ -254,6 +254,21 @@ class BatchIterableDataset(IterableDataset[Any]):
         """Read consecutive samples of one batch; override to read them in one round."""
         return list(await asyncio.gather(*(self._read(source, request) for request in requests)))
 
+    def _storage(self) -> Any:
+        """The storage read from, if this dataset knows it (for :meth:`preload`)."""
+        return None
+
+    def preload(self) -> None:
+        """Import the storage's client code now, before DataLoader workers fork.
+
+        Forked workers then inherit it instead of each importing it on the way to their
+        first batch (about 200 ms of CPU for the S3 client). Spawned workers gain nothing
+        and lose nothing.
+        """
+        preload = getattr(self._storage(), "preload_readers", None)
+        if callable(preload):
+            preload()
+
     def _sync_open(self) -> Callable[[], contextlib.AbstractContextManager[Any]] | None:
         """A sync reader's context, for sources on local disk; ``None`` reads through a loop.
 
@@ -649,6 +664,9 @@ class IndexedBatchDataset(BatchIterableDataset):
         if read_many is None:
             return await super()._read_many(source, requests)
         return list(await read_many(requests))
+
+    def _storage(self) -> Any:
+        return getattr(self.dataset, "storage", None)
 
     def _sync_open(self) -> Callable[[], contextlib.AbstractContextManager[Any]] | None:
         if getattr(self.dataset, "is_local", False):

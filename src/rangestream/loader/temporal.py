@@ -235,6 +235,9 @@ class TemporalBatchDataset(BatchIterableDataset):
             return await source.aread_window(record, start, self.frames)
         return await source.aread_window(record, start, self.frames, self.fields)
 
+    def _storage(self) -> Any:
+        return self.storage
+
     def _sync_open(self) -> Callable[[], contextlib.AbstractContextManager[Any]] | None:
         if getattr(self.storage, "is_local", False) and hasattr(self.storage, "read_window"):
             return lambda: contextlib.nullcontext(self.storage)

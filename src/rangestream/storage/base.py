@@ -120,6 +120,14 @@ class Storage(abc.ABC):
         """Whether reads go to local files, where a sync ``pread`` beats any event loop."""
         return is_local_url(self.url)
 
+    def preload_readers(self) -> None:
+        """Import the client code that reading this storage needs, without opening it.
+
+        ``StatefulDataLoader`` calls it before its workers fork, so that forked workers do
+        not each import the S3 client (about 200 ms of CPU) before their first batch.
+        """
+        self._new_store().preload()
+
     def _layout(
         self,
         dtype: np.dtype[Any],
