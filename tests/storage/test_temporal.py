@@ -29,6 +29,7 @@ from rangestream.errors import (
     InvalidRecordError,
     OutOfRangeError,
     SchemaMismatchError,
+    TruncatedObjectError,
     UnknownFieldError,
     WindowError,
 )
@@ -694,3 +695,180 @@ def test_parallel_writers_with_different_schemas_commit_nothing(tmp_path: Path) 
     ):
         session.commit()
     assert not storage.exists()
+
+
+# -- local sync windows through the bounded mmap cache -------------------------------------------
+def block_file(root: Path, shard: int, array: str, block: int) -> Path:
+    attributes = json.loads((root / "zarr.json").read_text())["attributes"]["rangestream"]
+    return root / attributes["data_prefix"] / "shards" / str(shard) / array / "c" / str(block) / "0"
+
+
+# Default layout: features rows are 64 bytes, so 32 frames (2048 B + 4 B crc) per inner chunk
+# and one block per shard: every window of the test records is served from a mapping.
+FEATURE_CHUNK_ROWS, FEATURE_STORED = 32, 32 * 64 + 4
+
+
+@pytest.fixture
+def no_pread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make any ``pread`` of a block fail, so a passing read proves the mmap path served it."""
+    original = LocalStore.get_range_sync
+
+    def refuse_blocks(self: LocalStore, key: str, start: int, end: int) -> bytes:
+        if "/features/c/" in key or "/group_1/c/" in key:  # the window arrays
+            raise AssertionError(f"pread of {key}: the window did not come from a mapping")
+        return original(self, key, start, end)
+
+    monkeypatch.setattr(LocalStore, "get_range_sync", refuse_blocks)
+
+
+@pytest.mark.usefixtures("no_pread")
+def test_local_sync_windows_come_from_mapped_blocks_and_equal_numpy_slices(
+    tmp_path: Path,
+) -> None:
+    write(str(tmp_path / "ds"))
+    storage = TemporalArrayStorage(tmp_path / "ds")
+    for fields in [*SELECTIONS, ["pose", "features", "valid"], ["valid"]]:
+        for record, start, frames in random_windows(25, seed=11):
+            got = storage.read_window(record, start, frames, fields)
+            assert_window(got, EXPECTED[record], start, frames, fields)
+    assert storage.read_window(2, 0, 5, []) == {}
+
+
+@pytest.mark.usefixtures("no_pread")
+def test_async_local_windows_come_from_mapped_blocks_inline_or_in_a_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write(str(tmp_path / "ds"))
+    storage = TemporalArrayStorage(tmp_path / "ds")
+
+    async def windows() -> list[dict[str, np.ndarray]]:
+        return [await storage.aread_window(r, s, f, ["pose", "features"]) for r, s, f in chosen]
+
+    chosen = random_windows(10, seed=12)
+    inline = asyncio.run(windows())
+    monkeypatch.setattr("rangestream.storage.temporal.INLINE_READ_BYTES", 0)  # all to a thread
+    threaded = asyncio.run(windows())
+    for (record, start, frames), first, second in zip(chosen, inline, threaded, strict=True):
+        assert_window(first, EXPECTED[record], start, frames, ["pose", "features"])
+        assert_window(second, EXPECTED[record], start, frames, ["pose", "features"])
+
+
+@pytest.mark.usefixtures("no_pread")
+def test_a_corrupted_chunk_is_detected_on_its_first_read_from_a_mapping(tmp_path: Path) -> None:
+    write(str(tmp_path / "ds"))
+    block = block_file(tmp_path / "ds", 0, "features", 0)
+    data = bytearray(block.read_bytes())
+    data[FEATURE_STORED + 100] ^= 0x01  # inner chunk 1: shard 0 rows 32..63
+    block.write_bytes(bytes(data))
+    storage = TemporalArrayStorage(tmp_path / "ds")
+    # EXPECTED[1] is shard 0's second record: its frames start at shard row 1
+    with pytest.raises(ChecksumError, match=r"features/c/0/0 .*inner chunk 1 of the block"):
+        storage.read_window(1, 40, 10, ["features"])  # rows 41..50: chunk 1 only
+    with pytest.raises(ChecksumError, match="inner chunk 1"):  # a failed chunk is never trusted
+        storage.read_window(1, 20, 30, ["features", "pose"])  # rows 21..50: chunks 0 and 1
+    assert_window(storage.read_window(1, 0, 30), EXPECTED[1], 0, 30, None)  # chunk 0 is intact
+
+
+def test_each_mapped_inner_chunk_is_verified_once_per_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import rangestream.storage.temporal as temporal
+
+    write(str(tmp_path / "ds"))
+    storage = TemporalArrayStorage(tmp_path / "ds")
+    storage.frame_counts  # noqa: B018 - opening verifies the frame index: not counted below
+    checked: list[int] = []
+    original = temporal.crc32c_value
+
+    def counting(data: Any) -> int:
+        checked.append(len(data))
+        return original(data)
+
+    monkeypatch.setattr(temporal, "crc32c_value", counting)
+    storage.read_window(1, 40, 40, ["features"])  # rows 41..80: chunks 1 and 2
+    assert checked == [FEATURE_STORED, FEATURE_STORED]
+    storage.read_window(1, 35, 50, ["features"])  # rows 36..85: the same chunks
+    storage.read_window(1, 70, 10, ["features"])
+    assert len(checked) == 2  # trusted once verified
+    storage.read_window(1, 90, 10, ["features"])  # rows 91..100: chunks 2 and 3
+    assert checked == [FEATURE_STORED] * 3
+
+
+def test_a_block_shorter_than_its_layout_fails_only_for_the_missing_chunks(tmp_path: Path) -> None:
+    write(str(tmp_path / "ds"))
+    block = block_file(tmp_path / "ds", 0, "features", 0)
+    with open(block, "r+b") as handle:
+        handle.truncate(2 * FEATURE_STORED)  # chunks 0 and 1 left, no chunk index
+    storage = TemporalArrayStorage(tmp_path / "ds")
+    assert_window(storage.read_window(1, 0, 60), EXPECTED[1], 0, 60, None)  # rows 1..60
+    with pytest.raises(TruncatedObjectError) as caught:
+        storage.read_window(1, 60, 10, ["features"])  # rows 61..70: chunks 1 and 2
+    message = str(caught.value)
+    assert str(block) in message and f"bytes [{FEATURE_STORED}, {3 * FEATURE_STORED})" in message
+
+
+_MAPPED: TemporalArrayStorage | None = None
+
+
+def _read_mapped_in_child(window: tuple[int, int, int]) -> dict[str, np.ndarray]:
+    assert _MAPPED is not None
+    return _MAPPED.read_window(*window, ["pose", "features"])
+
+
+@pytest.mark.usefixtures("no_pread")
+def test_a_forked_child_reads_mapped_windows_through_its_own_mappings(tmp_path: Path) -> None:
+    global _MAPPED
+    write(str(tmp_path / "ds"))
+    _MAPPED = TemporalArrayStorage(tmp_path / "ds")
+    windows = random_windows(8, seed=13)
+    for window in windows:
+        _MAPPED.read_window(*window, ["pose", "features"])  # the parent maps every block
+    context = multiprocessing.get_context("fork")
+    try:
+        with ProcessPoolExecutor(2, mp_context=context) as pool:
+            results = list(pool.map(_read_mapped_in_child, windows))
+        after = [_MAPPED.read_window(*window, ["pose", "features"]) for window in windows]
+    finally:
+        _MAPPED = None
+    for (record, start, frames), got, again in zip(windows, results, after, strict=True):
+        assert_window(got, EXPECTED[record], start, frames, ["pose", "features"], owned=False)
+        assert_window(again, EXPECTED[record], start, frames, ["pose", "features"])
+
+
+@pytest.mark.usefixtures("no_pread")
+def test_windows_past_the_gather_positions_are_counted_from_their_first_chunk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("rangestream.storage.temporal._GATHER_ROWS", 64)  # before opening
+    write(str(tmp_path / "ds"))
+    storage = TemporalArrayStorage(tmp_path / "ds")
+    rng = np.random.default_rng(14)
+    for _ in range(40):  # at most 32 frames: a window's rows from its first chunk fit in 64
+        record = int(rng.integers(len(EXPECTED)))
+        total = FRAMES[ORDER[record]]
+        frames = int(rng.integers(1, min(32, total) + 1))
+        start = int(rng.integers(0, total - frames + 1))
+        got = storage.read_window(record, start, frames, ["pose", "features", "clock"])
+        assert_window(got, EXPECTED[record], start, frames, ["pose", "features", "clock"])
+    # global record 5 (shard 2's third record) starts at shard row 287: past 64 positions
+    assert_window(storage.read_window(5, 100, 30), EXPECTED[5], 100, 30, None)
+
+
+def test_threads_reading_while_the_bounded_cache_drops_blocks_get_exact_windows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.setattr("rangestream.storage.temporal._MAX_MAPPED_BLOCKS", 3)  # before opening
+    write(str(tmp_path / "ds"), chunk_bytes=256, block_bytes=4096)  # dozens of blocks
+    storage = TemporalArrayStorage(tmp_path / "ds")
+    windows = random_windows(400, seed=15)
+
+    def read(window: tuple[int, int, int]) -> dict[str, np.ndarray]:
+        return storage.read_window(*window, ["features", "pose"])
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(read, windows))
+    for (record, start, frames), got in zip(windows, results, strict=True):
+        assert_window(got, EXPECTED[record], start, frames, ["features", "pose"])
+    assert len(storage._state.mapped.maps) <= 3  # type: ignore[union-attr]

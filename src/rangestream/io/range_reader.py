@@ -212,6 +212,26 @@ class RangeReader:
         stats.bytes_by_key_kind[kind] = stats.bytes_by_key_kind.get(kind, 0) + nbytes
         _bump_process_stats(kind, nbytes, retry)
 
+    def count_mapped_reads(self, reads: list[tuple[str, int]]) -> None:
+        """Count ranges a caller copied out of memory maps as the ``pread`` each replaces.
+
+        ``reads`` holds ``(kind, nbytes)`` per range, ``kind`` being the array name (what
+        ``by_key_kind`` is keyed by). Local readers that serve ranges from
+        ``rangestream.io.local_map`` instead of the store still report them, so request
+        and byte counts mean the same on either path. Written out, not via ``_count``,
+        because it runs for every window.
+        """
+        global _process_stats, _process_stats_pid
+        if _process_stats_pid != current_pid():
+            _process_stats, _process_stats_pid = IOStats(), current_pid()
+        for stats in (self.stats, _process_stats):
+            counts, sizes = stats.by_key_kind, stats.bytes_by_key_kind
+            for kind, nbytes in reads:
+                stats.requests += 1
+                stats.bytes += nbytes
+                counts[kind] = counts.get(kind, 0) + 1
+                sizes[kind] = sizes.get(kind, 0) + nbytes
+
     # -- one request, async -----------------------------------------------------------
     async def _fetch_one(self, request: ByteRequest, expected: int | None) -> bytes:
         policy = self.retry

@@ -12,6 +12,12 @@ The storage object stays a cheap, picklable description. What reading needs (sto
 reader, manifest, frame index) is opened per process on first use and rebuilt after a fork,
 so ``read_window`` and ``aread_window`` can be called on the storage itself, in DataLoader
 workers too; the async path serves any number of event loops.
+
+On a plain local path with dense chunks, windows inside one block are gathered straight out
+of memory-mapped blocks (``rangestream.io.local_map``, bounded and per process), each inner
+chunk verified the first time this process reads it: a window then costs a few numpy calls
+instead of a ``pread`` plus a crc32c pass over bytes already verified (``_MappedWindows``).
+Anything else takes the generic read program, with the same counts and errors.
 """
 
 from __future__ import annotations
@@ -47,9 +53,11 @@ from rangestream.formats.temporal import (
     TemporalSchema,
     normalize_field_groups,
 )
+from rangestream.io.local_map import DEFAULT_MAX_MAPPED_FILES, LocalMapCache, MappedFile
+from rangestream.io.loop import current_pid
 from rangestream.io.range_reader import IOStats, RangeReader, ReadProgram
 from rangestream.io.ranges import ObjectRequest, RangeRequest
-from rangestream.io.store import LocalStore, ObjectStore
+from rangestream.io.store import INLINE_READ_BYTES, LocalStore, ObjectStore
 from rangestream.layout.block import CRC32C_RESIDUE, ArrayLayout, encode_block
 from rangestream.layout.manifest import (
     MAX_ROOT_BYTES,
@@ -76,6 +84,12 @@ DEFAULT_CHUNK_FRAMES = 32
 INDEX_ARRAY = "index/record_frame_ends"
 _INDEX_CHUNK_BYTES = 8 * 1024
 _MAX_CACHED_SELECTIONS = 64
+#: Rows of a mapped group's precomputed gather positions: a window whose rows, counted from
+#: its block's start or else from its first inner chunk, fit in this many is one fancy index
+#: per field; a longer one takes the generic path.
+_GATHER_ROWS = 8192
+#: Blocks a reader keeps mapped (per process): see ``rangestream.io.local_map``.
+_MAX_MAPPED_BLOCKS = DEFAULT_MAX_MAPPED_FILES
 
 
 class _TemporalShardEncoder(ShardEncoder):
@@ -461,6 +475,267 @@ def _copy_rows(
         target[at + done : at + count] = rows[1 + whole, : count - done, low:high]
 
 
+class _MappedField:
+    """How to gather one field's values out of a mapped block of its group's array.
+
+    A block is inner chunks of ``chunk_rows`` rows, each followed by its 4-byte checksum,
+    so row ``i`` of a block starts at byte ``(i // chunk_rows) * stored + (i % chunk_rows)
+    * row_nbytes``. Every such offset is a multiple of ``unit`` (the largest of 4, 2, 1
+    dividing the row size), so one view with a first-axis stride of ``unit`` bytes (its
+    "rows" overlap; only the gathered ones are real) reaches the field's values of every
+    row, and a window is one fancy index with precomputed positions: it skips checksums
+    and the group's other fields in one numpy call and returns a new, owned, C-contiguous
+    array. Splitting interleaved rows into fields costs nothing extra. (Measured on 64-row
+    windows of 1 KiB rows: about 8 µs against 6 µs for a memmap slice copy, no slower
+    than copying the partial and whole chunks as three slices once their Python counts.)
+    """
+
+    __slots__ = ("dtype", "inner_strides", "name", "nbytes", "offset", "shape", "unit")
+
+    def __init__(self, output: _FieldOutput, unit: int) -> None:
+        self.name = output.name
+        self.dtype = output.dtype
+        self.shape = output.shape
+        self.offset = output.offset
+        self.nbytes = output.nbytes  # per frame
+        self.unit = unit
+        strides = [output.dtype.itemsize]  # C order within the field's trailing shape
+        for size in reversed(output.shape[1:]):
+            strides.insert(0, strides[0] * size)
+        self.inner_strides = tuple(strides[: len(output.shape)])
+
+    def view(self, mapped: MappedFile) -> np.ndarray:
+        """The field's overlapping-rows view over all of ``mapped`` (cached there)."""
+        found = mapped.views.get(self)
+        if found is None:
+            rows = max(0, (mapped.size - self.offset - self.nbytes) // self.unit + 1)
+            found = np.ndarray(
+                (rows, *self.shape),
+                dtype=self.dtype,
+                buffer=mapped.data,
+                offset=self.offset if rows else 0,
+                strides=(self.unit, *self.inner_strides),
+            )
+            mapped.views[self] = found
+        return found
+
+
+class _MappedGroup:
+    """A group's array in every shard, as mapped blocks: geometry, gather positions, paths."""
+
+    __slots__ = (
+        "block_rows",
+        "chunk_rows",
+        "chunk_units",
+        "chunks_per_block",
+        "gather_rows",
+        "group",
+        "keys",
+        "kind",
+        "paths",
+        "positions",
+        "store",
+        "stored",
+        "unit",
+    )
+
+    def __init__(self, group: _GroupArray, store: LocalStore) -> None:
+        self.group = group
+        self.store = store
+        self.kind = group.spec.array  # the array name the counters use
+        self.block_rows = group.block_rows
+        self.chunk_rows = group.chunk_rows
+        self.chunks_per_block = -(-group.block_rows // group.chunk_rows)
+        self.stored = group.stored
+        self.unit = 4 if group.row_nbytes % 4 == 0 else 2 if group.row_nbytes % 2 == 0 else 1
+        self.chunk_units = group.stored // self.unit
+        self.keys = group.keys
+        self.paths: tuple[dict[int, tuple[str, str]], ...] = tuple({} for _ in group.keys)
+        # windows whose rows, counted from a block's start (or, past that, from the
+        # window's first inner chunk), lie below gather_rows are one fancy index
+        self.gather_rows = min(group.block_rows, _GATHER_ROWS)
+        rows = np.arange(self.gather_rows, dtype=np.intp)
+        self.positions = (
+            (rows // group.chunk_rows) * group.stored + (rows % group.chunk_rows) * group.row_nbytes
+        ) // self.unit
+
+    def block(self, part: int, block: int) -> tuple[str, str]:
+        """(key, file path) of block ``block`` of shard number ``part``, made once."""
+        found = self.paths[part].get(block)
+        if found is None:
+            key = f"{self.keys[part]}/c/{block}{self.group.suffix}"
+            found = self.paths[part][block] = (key, self.store.local_path(key))
+        return found
+
+
+class _MappedPlan:
+    """What a ``fields`` argument reads on the mmap path: groups, their fields, the order."""
+
+    __slots__ = ("frame_nbytes", "groups", "order", "reorder")
+
+    def __init__(
+        self,
+        groups: tuple[tuple[_MappedGroup, tuple[_MappedField, ...]], ...],
+        order: tuple[str, ...],
+    ) -> None:
+        self.groups = groups
+        self.order = order  # the caller's order of the returned fields
+        # whether gathering group by group returns the fields in another order
+        self.reorder = order != tuple(field.name for _, fields in groups for field in fields)
+        self.frame_nbytes = sum(field.nbytes for _, fields in groups for field in fields)
+
+
+class _MappedWindows:
+    """Sync windows of a local dataset gathered straight out of a bounded mmap cache.
+
+    Everything a window needs that does not depend on the window is computed once (per
+    group: block geometry, gather positions, block paths; per ``fields`` argument: the
+    groups and field views to use), so a window costs a handful of numpy calls: the budget
+    is a raw memmap slice's. Windows this path does not serve (crossing a block boundary,
+    longer than the gather positions, a block that is missing or shorter than the layout
+    says) return ``None`` before anything is counted and take the generic path, which
+    reports damage with its usual errors.
+
+    Checksums: each inner chunk is verified the first time this process reads it from its
+    mapping, then marked in the mapping's ``verified`` flags; committed blocks never change,
+    so later windows trust it. A chunk that fails is never marked, so every window that
+    touches it keeps failing. Counting: one request per group and block with the bytes of
+    the whole inner chunks the window covers, exactly as the ``pread`` it replaces counted.
+    """
+
+    def __init__(
+        self, index: _TemporalIndex, store: LocalStore, reader: RangeReader, verify: bool
+    ) -> None:
+        self.index = index
+        self.maps = LocalMapCache(_MAX_MAPPED_BLOCKS)
+        self.reader = reader
+        self.verify = verify
+        self.describe = store.describe
+        self.groups = tuple(_MappedGroup(group, store) for group in index.groups)
+        self.fields: dict[tuple[int, str], _MappedField] = {}
+        self.plans: dict[tuple[str, ...] | None, _MappedPlan] = {}
+        self.records = len(index.frame_counts)
+
+    def plan(self, fields: Sequence[str] | None) -> _MappedPlan:
+        """The plan of a ``fields`` argument (validated like any), made once and cached."""
+        selection = self.index.selection(fields)  # raises for a string or unknown names
+        key = None if fields is None else tuple(fields)
+        plan = _MappedPlan(
+            tuple(
+                (self.groups[number], tuple(self._field(number, output) for output in outputs))
+                for number, outputs in selection.groups
+            ),
+            tuple(output.name for output in selection.outputs),
+        )
+        if len(self.plans) >= _MAX_CACHED_SELECTIONS:
+            self.plans.clear()
+        self.plans[key] = plan
+        return plan
+
+    def _field(self, number: int, output: _FieldOutput) -> _MappedField:
+        """One ``_MappedField`` per field, so every plan shares the views cached per block."""
+        found = self.fields.get((number, output.name))
+        if found is None:
+            found = self.fields[(number, output.name)] = _MappedField(
+                output, self.groups[number].unit
+            )
+        return found
+
+    def window(
+        self, record: Any, start: Any, frames: Any, fields: Sequence[str] | None
+    ) -> dict[str, np.ndarray] | None:
+        """The window, or ``None`` where the generic path must serve (or refuse) it.
+
+        Arguments that are not plain ints inside the record, and a ``fields`` argument
+        without a plan yet, return ``None`` before anything is read: the generic path checks
+        and names them (``read_window`` then makes the plan of a valid ``fields``).
+        """
+        plan = self.plans.get(None if fields is None else tuple(fields))
+        if plan is None or type(record) is not int or type(start) is not int:
+            return None
+        if type(frames) is not int or not 0 <= record < self.records or frames <= 0:
+            return None
+        index = self.index
+        if start < 0 or start + frames > index.frame_counts.item(record):
+            return None
+        part = index.record_part.item(record)
+        first = index.record_start.item(record) + start
+        maps = self.maps
+        if maps.pid != current_pid():
+            maps.check_process()  # a forked child maps its own files
+        files = maps.files
+        verify = self.verify
+        result = {}
+        spent = []
+        for group, group_fields in plan.groups:
+            block_rows = group.block_rows
+            block = first // block_rows
+            low = first - block * block_rows
+            high = low + frames
+            if high > block_rows:
+                return None  # crosses a block boundary: two ranges, the generic path
+            chunk_rows = group.chunk_rows
+            first_chunk = low // chunk_rows
+            end_chunk = (high - 1) // chunk_rows + 1
+            if high <= group.gather_rows:
+                positions = group.positions[low:high]
+                shift = 0
+            else:
+                skip = low - first_chunk * chunk_rows
+                if skip + frames > group.gather_rows:
+                    return None  # longer than the gather positions
+                positions = group.positions[skip : skip + frames]
+                shift = first_chunk * group.chunk_units
+            key, path = group.paths[part].get(block) or group.block(part, block)
+            mapped = files.get(path)
+            if mapped is None:
+                try:
+                    mapped = maps.open(path, group.chunks_per_block)
+                except OSError:
+                    return None  # missing or unreadable: the generic path names it
+            else:
+                try:  # noqa: SIM105 - contextlib.suppress costs more than the move itself
+                    files.move_to_end(path)
+                except KeyError:  # dropped by another thread just now: still valid to use
+                    pass
+            if end_chunk * group.stored > mapped.size:
+                return None  # shorter than the layout says: the generic path reports it
+            spent.append((group.kind, (end_chunk - first_chunk) * group.stored))
+            if verify and mapped.verified.find(0, first_chunk, end_chunk) >= 0:
+                try:
+                    self._verify(group, key, mapped, first_chunk, end_chunk)
+                except ChecksumError:
+                    self.reader.count_mapped_reads(spent)  # the reads happened, then failed
+                    raise
+            views = mapped.views
+            for field in group_fields:
+                view = views.get(field)
+                if view is None:
+                    view = field.view(mapped)
+                if shift:
+                    view = view[shift:]
+                result[field.name] = view[positions]
+        self.reader.count_mapped_reads(spent)
+        if plan.reorder:
+            result = {name: result[name] for name in plan.order}
+        return result
+
+    def _verify(
+        self, group: _MappedGroup, key: str, mapped: MappedFile, first: int, end: int
+    ) -> None:
+        """Check the not yet verified inner chunks in ``[first, end)``; mark those that pass."""
+        stored, data, verified = group.stored, mapped.data, mapped.verified
+        for chunk in range(first, end):
+            if verified[chunk]:
+                continue
+            if crc32c_value(data[chunk * stored : (chunk + 1) * stored]) != CRC32C_RESIDUE:
+                raise ChecksumError(
+                    f"{self.describe(key)} bytes [{first * stored}, {end * stored}): "
+                    f"checksum mismatch in inner chunk {chunk} of the block"
+                )
+            verified[chunk] = 1
+
+
 class _OpenState:
     """Per-process reading state: store, range reader, the frame index once loaded."""
 
@@ -474,10 +749,23 @@ class _OpenState:
             retry=storage.retry,
         )
         self.index: _TemporalIndex | None = None
+        #: The mmap fast path, made with the index for a plain local store with dense chunks.
+        self.mapped: _MappedWindows | None = None
+        self.verify = storage.verify_checksums
         self.lock = threading.Lock()
         self.opening: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[Any]] = (
             weakref.WeakKeyDictionary()
         )
+
+    def set_index(self, index: _TemporalIndex) -> None:
+        """Keep the opened index and, where it applies, make the mmap fast path over it.
+
+        Only a plain ``LocalStore`` qualifies (a subclass may change how reads behave), and
+        only dense layouts, whose byte offsets follow from the layout alone.
+        """
+        if self.mapped is None and type(self.store) is LocalStore and index.dense:
+            self.mapped = _MappedWindows(index, self.store, self.reader, self.verify)
+        self.index = index
 
 
 class TemporalArrayStorage(Storage):
@@ -694,8 +982,8 @@ class TemporalArrayStorage(Storage):
                 if state.index is None:
                     opened_root: list[bool] = []
                     try:
-                        state.index = state.reader.run_sync(
-                            self._open_program(state.store, opened_root)
+                        state.set_index(
+                            state.reader.run_sync(self._open_program(state.store, opened_root))
                         )
                     except MissingObjectError as error:
                         if opened_root:
@@ -721,7 +1009,7 @@ class TemporalArrayStorage(Storage):
                 state.opening.pop(loop, None)
             raise
         if state.index is None:
-            state.index = index
+            state.set_index(index)
         return state.index
 
     async def _aopen(self, state: _OpenState) -> _TemporalIndex:
@@ -770,16 +1058,28 @@ class TemporalArrayStorage(Storage):
         -------
         dict
             Field name to a new numpy array ``(frames, *trailing)`` with the stored dtype,
-            writable and owning its memory. On a local path the bytes are read with
-            ``pread`` in the calling thread; elsewhere on the process's I/O loop.
+            writable and owning its memory. On a local path the window is copied out of
+            memory-mapped blocks (``pread`` where a window crosses a block boundary) in the
+            calling thread; elsewhere the bytes are fetched on the process's I/O loop.
         """
         state = self._state
-        if state is None or state.index is None or state.pid != os.getpid():
+        if state is not None and state.pid == current_pid() and state.mapped is not None:
+            result = state.mapped.window(record, start, frames, fields)
+            if result is not None:
+                return result
+        if state is None or state.index is None or state.pid != current_pid():
             self._index()
             state = self._state
             assert state is not None and state.index is not None
         index = state.index
         record, start, frames = index.check_window(record, start, frames)
+        mapped = state.mapped
+        if mapped is not None:
+            if mapped.plans.get(None if fields is None else tuple(fields)) is None:
+                mapped.plan(fields)  # validates the names; the next line uses the plan
+            result = mapped.window(record, start, frames, fields)
+            if result is not None:
+                return result
         selection = index.selection(fields)
         if not selection.outputs:
             return {}
@@ -807,16 +1107,35 @@ class TemporalArrayStorage(Storage):
 
         ``max_concurrent_reads`` bounds the requests of this call in flight; the process-wide
         bound (``set_process_max_concurrency``) holds across all calls. Cancelling a call
-        cancels and drains its requests. Local files are read in worker threads.
+        cancels and drains its requests. Local windows are copied out of mapped blocks
+        inline (a window over ``INLINE_READ_BYTES`` in a worker thread), like small local
+        reads; windows the mapped path does not serve are read as usual.
         """
         if _integer(max_concurrent_reads, "max_concurrent_reads") < 1:
             raise ValueError(f"max_concurrent_reads must be >= 1, got {max_concurrent_reads!r}")
         index = await self._aindex()
         record, start, frames = index.check_window(record, start, frames)
+        state = self._process_state()
+        mapped = state.mapped
+        if mapped is not None:
+            # Copying a window out of mapped, page-cached blocks takes microseconds, less
+            # than a hop to a worker thread, so it runs inline as ``LocalStore`` runs small
+            # preads inline; a window over ``INLINE_READ_BYTES`` (or one on a cold disk's
+            # scale) goes to a thread so the event loop is not stalled for long.
+            plan = mapped.plans.get(None if fields is None else tuple(fields))
+            if plan is None:
+                plan = mapped.plan(fields)
+            if not plan.groups:
+                return {}
+            if frames * plan.frame_nbytes <= INLINE_READ_BYTES:
+                result = mapped.window(record, start, frames, fields)
+            else:
+                result = await asyncio.to_thread(mapped.window, record, start, frames, fields)
+            if result is not None:
+                return result
         selection = index.selection(fields)
         if not selection.outputs:
             return {}
-        state = self._process_state()
         program = index.window(
             record,
             start,
@@ -842,12 +1161,16 @@ class TemporalArrayStorage(Storage):
         state = self._state
         if state is not None and state.pid == os.getpid():
             close_store_sync(state.store)
+            if state.mapped is not None:
+                state.mapped.maps.clear()
 
     async def aclose(self) -> None:
         """Release the connections the running event loop holds (or local open files)."""
         state = self._state
         if state is None or state.pid != os.getpid():
             return
+        if state.mapped is not None:
+            state.mapped.maps.clear()
         if isinstance(state.store, LocalStore):
             state.store.close_files()
         else:
