@@ -2,8 +2,11 @@ from __future__ import annotations
 
 import gc
 import os
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -240,3 +243,29 @@ def test_an_iterator_dropped_before_its_first_batch_stops_its_loop_thread() -> N
     ):
         time.sleep(0.01)
     assert not [t for t in threading.enumerate() if t.name == "rangestream-loader-io"]
+
+
+EXIT_PROBE = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from loader.fakes import FakeStreamDataset, FakeStreamStorage
+from rangestream.loader import IndexedBatchDataset
+dataset = IndexedBatchDataset(
+    FakeStreamDataset(FakeStreamStorage(400 * 4), 4, delay=0.001), batch_size=4, prefetch=8
+)
+iterator = iter(dataset)
+next(iterator)
+print("left with reads in flight", flush=True)
+"""
+
+
+def test_a_process_that_leaves_an_iterator_with_reads_in_flight_exits() -> None:
+    # The loop thread is a daemon: once interpreter finalisation starts it never runs again,
+    # so an iterator dropped then must not wait for it (it used to hang the exit).
+    tests_dir = str(Path(__file__).resolve().parents[1])
+    result = subprocess.run(
+        [sys.executable, "-c", EXIT_PROBE, tests_dir],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "left with reads in flight" in result.stdout

@@ -21,10 +21,13 @@ copies.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import contextlib
 import os
+import sys
 import threading
+import weakref
 from abc import abstractmethod
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterator, Sequence
@@ -125,12 +128,14 @@ class _EventLoopThread:
 
     def __init__(self) -> None:
         self._pid = os.getpid()
+        self._closed = False
         self._loop = asyncio.new_event_loop()
         self._stack = contextlib.AsyncExitStack()
         self._thread = threading.Thread(
             target=self._serve, name="rangestream-loader-io", daemon=True
         )
         self._thread.start()
+        _live_loops.add(self)
 
     def _serve(self) -> None:
         asyncio.set_event_loop(self._loop)
@@ -159,8 +164,19 @@ class _EventLoopThread:
         return await self._stack.enter_async_context(open_context())
 
     def close(self) -> None:
-        if os.getpid() != self._pid:
-            # A forked copy has no loop thread; touching the loop would hang.
+        """Cancel the loop's tasks, exit what was entered, stop the thread (idempotent).
+
+        Never blocks for good: after interpreter finalisation has begun the daemon thread
+        cannot run any more (live loops are closed earlier, at exit), a forked copy has no
+        thread at all, and a stuck shutdown is abandoned after ``_SHUTDOWN_SECONDS``.
+        """
+        if self._closed or os.getpid() != self._pid or sys.is_finalizing():
+            return
+        self._closed = True
+        _live_loops.discard(self)
+        if threading.current_thread() is self._thread:
+            # dropped by the loop's own thread: it cannot wait for itself
+            self._loop.call_soon(self._loop.stop)
             return
 
         async def shutdown() -> None:
@@ -175,11 +191,28 @@ class _EventLoopThread:
             await self._loop.shutdown_asyncgens()
 
         try:
-            self.run(shutdown())
+            self.submit(shutdown()).result(timeout=_SHUTDOWN_SECONDS)
+        except concurrent.futures.TimeoutError:
+            pass  # stop the loop anyway; its tasks die with it
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join()
-            self._loop.close()
+            self._thread.join(timeout=_SHUTDOWN_SECONDS)
+            if not self._thread.is_alive():
+                self._loop.close()
+
+
+#: Loop threads not closed yet: closed at interpreter exit, while their threads can still
+#: run (after finalisation starts, a daemon thread never runs again and waiting would hang).
+_live_loops: weakref.WeakSet[_EventLoopThread] = weakref.WeakSet()
+#: How long closing waits for the loop to cancel its reads and exit its readers.
+_SHUTDOWN_SECONDS = 30.0
+
+
+@atexit.register
+def _close_live_loops() -> None:
+    for loop_thread in list(_live_loops):
+        with contextlib.suppress(Exception):
+            loop_thread.close()
 
 
 class BatchIterableDataset(IterableDataset[Any]):
