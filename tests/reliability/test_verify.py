@@ -225,15 +225,16 @@ def test_payload_runs_that_decrease_are_reported(
     assert code == 1 and "runs[:, 1] decrease at row 4" in out
 
 
-def test_frame_ends_that_do_not_end_at_the_frame_count_are_reported(
+def test_record_rows_that_do_not_end_at_the_group_length_are_reported(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _write_tracks(str(tmp_path / "tracks"))
     tracks = RawObjects(str(tmp_path / "tracks"))
-    layout = tracks.layout("frame_ends")
-    key = tracks.block_key(1, "frame_ends", 0)
-    ends = np.frombuffer(tracks.get(key), dtype="<i8")[:3].copy()  # shard 1: 3 records
-    ends[-1] -= 2
-    tracks.put(key, encode_block(layout, ends.view(np.uint8)))
+    layout = tracks.layout("record_rows")
+    key = tracks.block_key(1, "record_rows", 0)
+    rows = np.frombuffer(tracks.get(key), dtype="<i8")[:6].reshape(3, 2).copy()  # 3 records
+    rows[-1, 1] -= 2
+    tracks.put(key, encode_block(layout, rows.view(np.uint8)))
     code, out = verify(tracks.url, capsys)
-    assert code == 1 and f"frame_ends end at {ends[-1]}, expected {ends[-1] + 2}" in out
+    assert code == 1
+    assert f"record_rows[:, 1] end at {rows[-1, 1]}, expected {rows[-1, 1] + 2}" in out

@@ -27,6 +27,7 @@ from rangestream.errors import (
     ChecksumError,
     DatasetNotFoundError,
     InvalidRecordError,
+    MetadataError,
     OutOfRangeError,
     SchemaMismatchError,
     TruncatedObjectError,
@@ -232,30 +233,35 @@ def test_an_empty_dataset_has_no_records(tmp_path: Path) -> None:
         storage.read_window(0, 0, 1)
 
 
-def test_group_arrays_and_the_frame_index_are_zarr_arrays_zarr_python_reads(
+def test_group_arrays_and_the_record_index_are_zarr_arrays_zarr_python_reads(
     tmp_path: Path,
 ) -> None:
     write(str(tmp_path / "ds"), **SMALL)
     root = json.loads((tmp_path / "ds" / "zarr.json").read_text())["attributes"]["rangestream"]
     prefix = tmp_path / "ds" / root["data_prefix"]
+    index = zarr.open_array(prefix / "index" / "record_rows", mode="r")[:]
+    assert index.shape == (len(SHARDS), 2)
+    assert (index[:, 1] - index[:, 0]).tolist() == [FRAMES[i] for i in ORDER]
+    record = 0
     for shard in sorted(set(SHARDS)):
         mine = [RECORDS[i] for i in range(len(SHARDS)) if SHARDS[i] == shard]
-        features = zarr.open_array(prefix / "shards" / str(shard) / "features", mode="r")
-        assert features.dtype == np.float32
-        assert np.array_equal(features[:], np.concatenate([r["features"] for r in mine]))
+        features = zarr.open_array(prefix / "shards" / str(shard) / "features", mode="r")[:]
         group = zarr.open_array(prefix / "shards" / str(shard) / "group_1", mode="r")
         assert group.attrs["rangestream_fields"] == ["clock", "valid", "pose"]
         rows = np.ascontiguousarray(group[:]).view(
             np.dtype([("clock", "<f8"), ("valid", "?"), ("pose", "<f4", (7,))])
         )[:, 0]
-        for name in ("clock", "valid", "pose"):
-            assert np.array_equal(rows[name], np.concatenate([r[name] for r in mine])), name
-    ends = zarr.open_array(prefix / "index" / "record_frame_ends", mode="r")[:]
-    per_shard = [
-        np.cumsum([FRAMES[i] for i in range(len(SHARDS)) if SHARDS[i] == shard])
-        for shard in sorted(set(SHARDS))
-    ]
-    assert ends.tolist() == np.concatenate(per_shard).tolist()
+        assert features.dtype == np.float32
+        assert len(features) == len(rows) == index[record + len(mine) - 1, 1]
+        used = np.zeros(len(rows), dtype=bool)
+        for expected in mine:
+            first, end = index[record]
+            assert np.array_equal(features[first:end], expected["features"])
+            for name in ("clock", "valid", "pose"):
+                assert np.array_equal(rows[name][first:end], expected[name]), name
+            used[first:end] = True
+            record += 1
+        assert not features[~used].any() and not rows[~used].view(np.uint8).any()  # padding
 
 
 # -- the request contract --------------------------------------------------------------------
@@ -278,13 +284,22 @@ def block_geometry(location: Location) -> dict[str, tuple[int, int, int]]:
     return geometry
 
 
+def record_first_rows(location: Location) -> np.ndarray:
+    """The row where each record starts in its shard's group arrays, as zarr-python reads it."""
+    fs_options = location.storage_options or None
+    root = zarr.open_group(location.url, mode="r", storage_options=fs_options)
+    prefix = root.attrs["rangestream"]["data_prefix"]
+    index = zarr.open_array(
+        f"{location.url}/{prefix}/index/record_rows", mode="r", storage_options=fs_options
+    )
+    return np.asarray(index[:, 0])
+
+
 def expected_cost(
-    geometry: dict[str, tuple[int, int, int]], record: int, start: int, frames: int
+    geometry: dict[str, tuple[int, int, int]], offset: int, start: int, frames: int
 ) -> tuple[int, int]:
-    """Requests and bytes a features+pose window must cost, from the stored geometry."""
-    original = ORDER[record]
-    shard = SHARDS[original]
-    offset = sum(FRAMES[i] for i in range(original) if SHARDS[i] == shard)
+    """Requests and bytes a features+pose window must cost, from the stored geometry, for
+    a record starting at row ``offset`` of its shard."""
     first, stop = offset + start, offset + start + frames
     requests = nbytes = 0
     for block_rows, chunk_rows, stored in geometry.values():
@@ -304,13 +319,15 @@ def test_opening_reads_two_objects_and_every_window_one_range_per_group(
     storage.frame_counts  # noqa: B018 - opens: the root document and the frame index
     assert storage.stats.requests == 2
     geometry = block_geometry(location)
+    first_rows = record_first_rows(location)
     for record, start, frames in [(4, 10, 64), *random_windows(20, seed=4)]:
         before = storage.stats.copy()
         storage.read_window(record, start, frames, ["features", "pose"])
         spent = storage.stats - before
         assert spent.requests == 2
         assert spent.by_key_kind == {"features": 1, "group_1": 1}
-        assert (spent.requests, spent.bytes) == expected_cost(geometry, record, start, frames)
+        offset = int(first_rows[record])
+        assert (spent.requests, spent.bytes) == expected_cost(geometry, offset, start, frames)
 
 
 def test_the_first_async_window_after_opening_costs_one_range_per_group(
@@ -323,7 +340,7 @@ def test_the_first_async_window_after_opening_costs_one_range_per_group(
     assert storage.stats.requests == 2 + 2
     assert storage.stats.by_key_kind == {
         "zarr.json": 1,
-        "record_frame_ends": 1,
+        "record_rows": 1,
         "features": 1,
         "group_1": 1,
     }
@@ -335,15 +352,51 @@ def test_a_window_costs_one_more_range_per_block_boundary_it_crosses(tmp_path: P
     storage = open_storage(location)
     storage.frame_counts  # noqa: B018
     geometry = block_geometry(location)
+    first_rows = record_first_rows(location)
     crossed = 0
     for record, start, frames in random_windows(40, seed=5):
         before = storage.stats.copy()
         storage.read_window(record, start, frames, ["features", "pose"])
         spent = storage.stats - before
-        expected = expected_cost(geometry, record, start, frames)
+        expected = expected_cost(geometry, int(first_rows[record]), start, frames)
         assert (spent.requests, spent.bytes) == expected
         crossed += expected[0] > 2
     assert crossed > 10  # the small blocks did make windows cross
+
+
+def test_records_that_fit_in_a_block_never_straddle_one(tmp_path: Path) -> None:
+    """The writer starts a record that would cross a block boundary at the boundary (zero
+    rows in between), so its windows are one range per group; a record longer than a block
+    is not padded. SMALL blocks: both groups' blocks are 28 rows here."""
+    rng = np.random.default_rng(11)
+    frames = [int(n) for n in rng.integers(1, 29, 60)] + [40, 3, 57]
+    records = [make_record(100 + i, n) for i, n in enumerate(frames)]
+    location = Location(str(tmp_path / "ds"), {})
+    write(location.url, records, [SHARDS[0]] * len(records), **SMALL)
+    geometry = block_geometry(location)
+    assert {rows for rows, _, _ in geometry.values()} == {28}
+    first_rows = record_first_rows(location)
+    end = 0
+    for record, n in enumerate(frames):  # padding only where a record would cross a block
+        used = end % 28
+        pad = 28 - used if used and n <= 28 and used + n > 28 else 0
+        assert first_rows[record] == end + pad, record
+        end += pad + n
+    assert int(first_rows[-1]) + frames[-1] > sum(frames)  # there was padding
+    storage = open_storage(location)
+    storage.frame_counts  # noqa: B018 - opens
+    for record, n in enumerate(frames):
+        before = storage.stats.copy()
+        got = storage.read_window(record, 0, n, ["features", "pose"])
+        assert_window(got, records[record], 0, n, ["features", "pose"])
+        spent = storage.stats - before
+        if n <= 28:
+            assert spent.requests == 2, (record, n, int(first_rows[record]))
+        else:
+            assert spent.requests > 2  # crosses wherever it starts
+        assert (spent.requests, spent.bytes) == expected_cost(
+            geometry, int(first_rows[record]), 0, n
+        )
 
 
 def test_without_dense_chunks_each_block_index_is_fetched_once_then_cached(
@@ -872,3 +925,13 @@ def test_threads_reading_while_the_bounded_cache_drops_blocks_get_exact_windows(
     for (record, start, frames), got in zip(windows, results, strict=True):
         assert_window(got, EXPECTED[record], start, frames, ["features", "pose"])
     assert len(storage._state.mapped.maps) <= 3  # type: ignore[union-attr]
+
+
+def test_a_dataset_of_the_older_unpadded_layout_is_refused_by_name(tmp_path: Path) -> None:
+    write(str(tmp_path / "ds"))
+    root_path = tmp_path / "ds" / "zarr.json"
+    root = json.loads(root_path.read_text())
+    root["attributes"]["rangestream"]["schema"]["version"] = 1
+    root_path.write_text(json.dumps(root))
+    with pytest.raises(MetadataError, match=r"temporal schema version 1 is not supported.*rewrite"):
+        TemporalArrayStorage(tmp_path / "ds").read_window(0, 0, 1)

@@ -28,7 +28,7 @@ from rangestream.errors import InvalidRecordError, MetadataError
 from rangestream.layout.dtypes import dtype_from_json, dtype_to_json
 
 __all__ = [
-    "FRAME_ENDS",
+    "RECORD_ROWS",
     "FieldSpec",
     "GroupSpec",
     "TemporalSchema",
@@ -36,10 +36,13 @@ __all__ = [
     "record_arrays",
 ]
 
-SCHEMA_VERSION = 1
-#: Per-shard array of the cumulative frame count at the end of each record.
-FRAME_ENDS = "frame_ends"
-#: A manifest holds at most 64 arrays; one is ``frame_ends``.
+#: 2: records start at the rows ``record_rows`` gives (writers pad so records do not
+#: straddle blocks); 1 (no longer read) derived record starts from cumulative frame ends.
+SCHEMA_VERSION = 2
+#: Per-shard int64 array, one row ``(first_row, end_row)`` per record: where the record's
+#: frames lie in every group array of the shard (rows between records are padding).
+RECORD_ROWS = "record_rows"
+#: A manifest holds at most 64 arrays; one is ``record_rows``.
 MAX_GROUPS = 63
 MAX_FIELDS = 4096
 MAX_NAME_CHARS = 256
@@ -298,7 +301,12 @@ class TemporalSchema:
         """Parse a stored schema, refusing anything malformed (it is untrusted input)."""
         _require(isinstance(value, dict), where, "temporal schema must be an object")
         version = value.get("version")
-        _require(version == SCHEMA_VERSION, where, f"temporal schema version {version!r}")
+        _require(
+            version == SCHEMA_VERSION,
+            where,
+            f"temporal schema version {version!r} is not supported (this library reads "
+            f"version {SCHEMA_VERSION}; rewrite a dataset written by an older rangestream)",
+        )
         fields_json = value.get("fields")
         _require(
             isinstance(fields_json, list) and len(fields_json) <= MAX_FIELDS,
@@ -344,7 +352,7 @@ class TemporalSchema:
             _require(
                 isinstance(array, str)
                 and bool(_ARRAY_NAME.match(array))
-                and array != FRAME_ENDS
+                and array != RECORD_ROWS
                 and array not in arrays,
                 where,
                 f"bad or repeated group array name {array!r}",
@@ -425,7 +433,7 @@ class TemporalSchema:
 def _name_groups(groups: list[list[FieldSpec]]) -> list[GroupSpec]:
     """Array names: a lone field's own name when it is a valid array name, else ``group_<k>``."""
     names: list[str | None] = []
-    taken = {FRAME_ENDS}
+    taken = {RECORD_ROWS}
     for group in groups:
         name = group[0].name if len(group) == 1 else None
         if name is not None and _ARRAY_NAME.match(name) and name not in taken:

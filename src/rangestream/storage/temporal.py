@@ -2,11 +2,14 @@
 
 Per shard: one array per field group (``rangestream.formats.temporal``: a lone field keeps
 its dtype and shape, the fields of a listed group are interleaved per frame) and
-``frame_ends``, the cumulative frame count at each record's end. The commit gathers every
-shard's ``frame_ends`` into one small array, ``index/record_frame_ends``, so opening reads
-the root document and that array (two requests up to half a million records) and every
-window afterwards, the first one included, costs one range request per selected group
-(one more where it crosses a block boundary): no per-window metadata.
+``record_rows``, the first and end row of each record in those arrays. Every group's
+blocks share one grid, and the writer starts a record that would straddle a grid boundary
+at the next boundary instead (zero rows in between), so a window of a record that fits in
+a block is one range request per group, never two. The commit gathers every shard's
+``record_rows`` into one small array, ``index/record_rows``, so opening reads the root
+document and that array (two requests up to a quarter of a million records) and every
+window afterwards, the first one included, costs one range request per selected group (one
+more only where a record longer than a block crosses a boundary): no per-window metadata.
 
 The storage object stays a cheap, picklable description. What reading needs (store, range
 reader, manifest, frame index) is opened per process on first use and rebuilt after a fork,
@@ -48,7 +51,7 @@ from rangestream.errors import (
     WindowError,
 )
 from rangestream.formats.temporal import (
-    FRAME_ENDS,
+    RECORD_ROWS,
     GroupSpec,
     TemporalSchema,
     normalize_field_groups,
@@ -68,20 +71,31 @@ from rangestream.layout.manifest import (
 )
 from rangestream.layout.rows import BlockIndexCache, RowRange, read_rows
 from rangestream.layout.zarr_json import array_document, dumps
-from rangestream.storage.base import DEFAULT_BLOCK_BYTES, Storage, close_store_sync
+from rangestream.storage.base import Storage, close_store_sync
 from rangestream.storage.writing import ShardEncoder
 
-__all__ = ["DEFAULT_CHUNK_FRAMES", "DEFAULT_TEMPORAL_CHUNK_BYTES", "TemporalArrayStorage"]
+__all__ = [
+    "DEFAULT_CHUNK_FRAMES",
+    "DEFAULT_TEMPORAL_BLOCK_BYTES",
+    "DEFAULT_TEMPORAL_CHUNK_BYTES",
+    "TemporalArrayStorage",
+]
 
 _INT64 = np.dtype("<i8")
 #: Target bytes of one inner chunk of a group array: the unit of checksums and of the
 #: over-fetch at each end of a window.
 DEFAULT_TEMPORAL_CHUNK_BYTES = 8 * 1024
+#: Bound on one block of a group array. Larger than other storages' 4 MiB because a record
+#: that would cross a block boundary starts at the next one instead: the padding this costs
+#: is about ``frames / (2 * block_frames)`` of the rows (11% at 4 MiB, under 3% at 16 MiB
+#: for 1 KiB frames of 300-1500-frame records). Reads never fetch whole blocks.
+DEFAULT_TEMPORAL_BLOCK_BYTES = 16 * 1024 * 1024
 #: Most frames in one inner chunk, so a narrow group (a few bytes per frame) is not
 #: over-fetched by hundreds of frames around a short window.
 DEFAULT_CHUNK_FRAMES = 32
-#: The whole-dataset frame index written by the commit, relative to the data prefix.
-INDEX_ARRAY = "index/record_frame_ends"
+#: The whole-dataset record index written by the commit, relative to the data prefix:
+#: every shard's ``record_rows`` (first and end row of each record) in shard order.
+INDEX_ARRAY = "index/record_rows"
 _INDEX_CHUNK_BYTES = 8 * 1024
 _MAX_CACHED_SELECTIONS = 64
 #: Rows of a mapped group's precomputed gather positions: a window whose rows, counted from
@@ -93,13 +107,34 @@ _MAX_MAPPED_BLOCKS = DEFAULT_MAX_MAPPED_FILES
 
 
 class _TemporalShardEncoder(ShardEncoder):
-    def __init__(self, schema: TemporalSchema) -> None:
+    """Encodes records into group rows, padding so that no record straddles a block.
+
+    ``aligned_rows`` is the block grid every group's blocks share (each group's
+    ``block_rows`` is a multiple of it). A record that would cross one of its boundaries
+    but fits within ``aligned_rows`` frames starts at the next boundary instead, after
+    zero rows in every group: a window of it is then one range per group, never two, as
+    LitData's chunks never split a sample. Longer records are stored unpadded (they cross
+    boundaries wherever they start). Padding costs on average ``frames / (2 *
+    aligned_rows)`` of a record's rows.
+    """
+
+    def __init__(self, schema: TemporalSchema, aligned_rows: int) -> None:
         self.schema = schema
         self.first_array = schema.groups[0].array
+        self.aligned_rows = aligned_rows
 
     def encode(self, data: Any, lengths: Mapping[str, int]) -> Mapping[str, np.ndarray]:
         rows, frames = self.schema.encode(data)
-        rows[FRAME_ENDS] = np.asarray([lengths[self.first_array] + frames], dtype=_INT64)
+        first = lengths[self.first_array]
+        used = first % self.aligned_rows
+        if used and frames <= self.aligned_rows and used + frames > self.aligned_rows:
+            pad = self.aligned_rows - used
+            for array, values in rows.items():
+                padded = np.zeros((pad + frames, *values.shape[1:]), dtype=values.dtype)
+                padded[pad:] = values
+                rows[array] = padded
+            first += pad
+        rows[RECORD_ROWS] = np.asarray([[first, first + frames]], dtype=_INT64)
         return rows
 
 
@@ -172,38 +207,48 @@ class _TemporalIndex:
     """What opening read: the manifest, the schema and every record's frames and offset."""
 
     def __init__(
-        self, manifest: Manifest, schema: TemporalSchema, ends: np.ndarray, where: str
+        self, manifest: Manifest, schema: TemporalSchema, rows: np.ndarray, where: str
     ) -> None:
+        """``rows``: every record's ``(first_row, end_row)``, shard by shard (untrusted)."""
         self.manifest = manifest
         self.schema = schema
-        records_per_part = manifest.lengths[FRAME_ENDS]
+        records_per_part = manifest.lengths[RECORD_ROWS]
         total = int(records_per_part.sum())
-        if len(ends) != total:
+        if rows.shape != (total, 2):
             raise CorruptDataError(
-                f"{where}: the frame index holds {len(ends)} records, the manifest {total}"
+                f"{where}: the record index holds {len(rows)} records, the manifest {total}"
             )
+        firsts, ends = rows[:, 0], rows[:, 1]
+        counts = ends - firsts
+        if total and int(counts.min()) <= 0:
+            bad = int(np.flatnonzero(counts <= 0)[0])
+            raise CorruptDataError(f"{where}: record {bad} has {int(counts[bad])} frames")
+        # within a shard, records start at or after the previous one's end, the first at or
+        # after row 0; the last ends at the length every group array of the shard has
         part_starts = np.cumsum(records_per_part) - records_per_part
         previous = np.empty(total, dtype=np.int64)
         if total:
             previous[1:] = ends[:-1]
             previous[part_starts[records_per_part > 0]] = 0
-        counts = ends - previous
-        if total and int(counts.min()) <= 0:
-            bad = int(np.flatnonzero(counts <= 0)[0])
-            raise CorruptDataError(f"{where}: record {bad} has {int(counts[bad])} frames")
-        part_frames = np.zeros(len(records_per_part), dtype=np.int64)
+        if total and bool((firsts < previous).any()):
+            bad = int(np.flatnonzero(firsts < previous)[0])
+            raise CorruptDataError(
+                f"{where}: record {bad} starts at row {int(firsts[bad])}, before row "
+                f"{int(previous[bad])} where the record before it (or the shard) ends"
+            )
+        part_rows = np.zeros(len(records_per_part), dtype=np.int64)
         nonempty = records_per_part > 0
-        part_frames[nonempty] = ends[part_starts[nonempty] + records_per_part[nonempty] - 1]
+        part_rows[nonempty] = ends[part_starts[nonempty] + records_per_part[nonempty] - 1]
         for group in schema.groups:
-            if not np.array_equal(manifest.lengths[group.array], part_frames):
+            if not np.array_equal(manifest.lengths[group.array], part_rows):
                 raise CorruptDataError(
                     f"{where}: array {group.array!r} has per-shard lengths "
-                    f"{manifest.lengths[group.array].tolist()}, the frame index says "
-                    f"{part_frames.tolist()}"
+                    f"{manifest.lengths[group.array].tolist()}, the record index says "
+                    f"{part_rows.tolist()}"
                 )
         counts.flags.writeable = False
         self.frame_counts = counts
-        self.record_start = previous
+        self.record_start = np.ascontiguousarray(firsts)
         self.record_part = np.repeat(np.arange(len(records_per_part)), records_per_part)
         self.groups = tuple(
             _GroupArray(spec, manifest.arrays[spec.array], manifest) for spec in schema.groups
@@ -792,8 +837,13 @@ class TemporalArrayStorage(Storage):
         checksums and of over-fetch at each end of a window.
     chunk_frames
         Most frames per inner chunk (default 32), so narrow groups are not over-fetched.
+        Inner chunks hold a power of two of frames.
+    block_bytes
+        Bound on one stored block (default 16 MiB). A record that would cross a block
+        boundary starts at the next block instead (zero rows in between), so its windows
+        are one request per group; larger blocks waste less of that padding.
     **options
-        See ``Storage``: ``storage_options``, ``block_bytes``, ``max_concurrency``,
+        See ``Storage``: ``storage_options``, ``max_concurrency``,
         ``coalesce_gap``, ``retry``, ``verify_checksums``, ``dense_chunks``.
     """
 
@@ -806,7 +856,7 @@ class TemporalArrayStorage(Storage):
         *,
         chunk_bytes: int = DEFAULT_TEMPORAL_CHUNK_BYTES,
         chunk_frames: int = DEFAULT_CHUNK_FRAMES,
-        block_bytes: int = DEFAULT_BLOCK_BYTES,
+        block_bytes: int = DEFAULT_TEMPORAL_BLOCK_BYTES,
         **options: Any,
     ) -> None:
         super().__init__(url, chunk_bytes=chunk_bytes, block_bytes=block_bytes, **options)
@@ -829,25 +879,53 @@ class TemporalArrayStorage(Storage):
     def _index_layout(self) -> ArrayLayout:
         return ArrayLayout.for_sizes(
             _INT64,
-            (),
+            (2,),
             chunk_bytes=_INDEX_CHUNK_BYTES,
             block_bytes=max(self.block_bytes, _INDEX_CHUNK_BYTES),
             dense_chunks=self.dense_chunks,
         )
 
-    def _group_layout(self, group: GroupSpec) -> ArrayLayout:
-        frames = max(1, min(self.chunk_frames, self.chunk_bytes // group.row_nbytes))
-        return self._layout(group.row_dtype, group.row_shape, chunk_bytes=frames * group.row_nbytes)
+    def _group_layouts(self, schema: TemporalSchema) -> dict[str, ArrayLayout]:
+        """Each group's layout, all on one block grid so records can be kept inside blocks.
+
+        Inner chunks hold a power of two of frames (at most ``chunk_frames`` and
+        ``chunk_bytes``), so the largest chunk row count is a multiple of every other. The
+        shared grid is the smallest block (the widest group's), cut to a multiple of that;
+        every group's block is the largest multiple of the grid within ``block_bytes``
+        (at least one), so each grid boundary that a record avoids is the only kind of
+        block boundary in any group (see ``_TemporalShardEncoder``).
+        """
+        natural = {}
+        for group in schema.groups:
+            frames = max(1, min(self.chunk_frames, self.chunk_bytes // group.row_nbytes))
+            frames = 1 << (frames.bit_length() - 1)
+            natural[group.array] = self._layout(
+                group.row_dtype, group.row_shape, chunk_bytes=frames * group.row_nbytes
+            )
+        if not natural:
+            return {}
+        step = max(layout.chunk_rows for layout in natural.values())
+        grid = min(layout.block_rows for layout in natural.values())
+        grid = max(step, grid - grid % step)
+        return {
+            array: ArrayLayout(
+                layout.dtype,
+                layout.row_shape,
+                layout.chunk_rows,
+                grid * max(1, layout.block_rows // grid),
+                layout.dense_chunks,
+            )
+            for array, layout in natural.items()
+        }
 
     def _array_layouts(self) -> dict[str, ArrayLayout]:
-        layouts = {FRAME_ENDS: self._layout(_INT64, chunk_bytes=max(self.chunk_bytes, 8192))}
+        layouts = {RECORD_ROWS: self._layout(_INT64, (2,), chunk_bytes=max(self.chunk_bytes, 8192))}
         if self._bound is not None:
-            for group in self._bound.groups:
-                layouts[group.array] = self._group_layout(group)
+            layouts.update(self._group_layouts(self._bound))
         return layouts
 
     def _array_attributes(self, name: str) -> dict[str, Any]:
-        if self._bound is None or name == FRAME_ENDS:
+        if self._bound is None or name == RECORD_ROWS:
             return {}
         for group in self._bound.groups:
             if group.array == name:
@@ -881,48 +959,53 @@ class TemporalArrayStorage(Storage):
     def _shard_encoder(self) -> ShardEncoder:
         if self._bound is None:
             raise RuntimeError("the schema is fixed by the first record (see _bind_record)")
-        return _TemporalShardEncoder(self._bound)
+        grid = min(layout.block_rows for layout in self._group_layouts(self._bound).values())
+        return _TemporalShardEncoder(self._bound, grid)
 
     async def _write_derived_index(self, store: ObjectStore, manifest: Manifest) -> None:
-        frame_layout = manifest.arrays[FRAME_ENDS]
+        shard_layout = manifest.arrays[RECORD_ROWS]
         ranges = [
-            RowRange(manifest.array_key(int(shard), FRAME_ENDS), frame_layout, int(n), 0, int(n))
-            for shard, n in zip(manifest.shard_ids, manifest.lengths[FRAME_ENDS], strict=True)
+            RowRange(manifest.array_key(int(shard), RECORD_ROWS), shard_layout, int(n), 0, int(n))
+            for shard, n in zip(manifest.shard_ids, manifest.lengths[RECORD_ROWS], strict=True)
             if n
         ]
         reader = RangeReader(store, retry=self.retry)
         parts = await reader.run(read_rows(ranges, BlockIndexCache(), describe=store.describe))
-        ends = (
-            np.concatenate([part.reshape(-1).view(_INT64) for part in parts])
+        rows = (
+            np.concatenate([part.reshape(-1).view(_INT64) for part in parts]).reshape(-1, 2)
             if parts
-            else np.empty(0, dtype=_INT64)
+            else np.empty((0, 2), dtype=_INT64)
         )
         schema = self._bound if self._bound is not None else TemporalSchema([], [])
-        _TemporalIndex(manifest, schema, ends, f"{self.url} (commit)")  # validates
+        _TemporalIndex(manifest, schema, rows, f"{self.url} (commit)")  # validates
         layout = self._index_layout()
         key = f"{data_prefix(manifest.commit_id)}/{INDEX_ARRAY}"
-        for block in range(layout.num_blocks(len(ends))):
-            rows = ends[block * layout.block_rows : (block + 1) * layout.block_rows]
-            await store.put(layout.block_key(key, block), encode_block(layout, rows.view(np.uint8)))
-        attributes = {"description": "cumulative frame count at each record's end, per shard"}
-        await store.put(f"{key}/zarr.json", dumps(array_document(layout, len(ends), attributes)))
+        for block in range(layout.num_blocks(len(rows))):
+            piece = rows[block * layout.block_rows : (block + 1) * layout.block_rows]
+            encoded = encode_block(layout, piece.view(np.uint8))
+            await store.put(layout.block_key(key, block), encoded)
+        attributes = {
+            "description": "first and end row of each record in its shard's group arrays, "
+            "shard by shard"
+        }
+        await store.put(f"{key}/zarr.json", dumps(array_document(layout, len(rows), attributes)))
 
     # -- schema (reading) ---------------------------------------------------------------------
     def _stored_schema(self, manifest: Manifest, where: str) -> tuple[TemporalSchema, ArrayLayout]:
         stored = manifest.schema
         schema = TemporalSchema.from_json(stored, where)
         index_layout = ArrayLayout.from_json(stored.get("index"), f"{where} index layout")
-        if index_layout.dtype != _INT64 or index_layout.row_shape:
-            raise MetadataError(f"{where}: the frame index must be an int64 vector")
-        expected = {FRAME_ENDS, *(group.array for group in schema.groups)}
+        if index_layout.dtype != _INT64 or index_layout.row_shape != (2,):
+            raise MetadataError(f"{where}: the record index must be int64 rows of shape (2,)")
+        expected = {RECORD_ROWS, *(group.array for group in schema.groups)}
         if set(manifest.arrays) != expected:
             raise MetadataError(
                 f"{where}: arrays {sorted(manifest.arrays)} do not match the schema's "
                 f"{sorted(expected)}"
             )
-        frame_layout = manifest.arrays[FRAME_ENDS]
-        if frame_layout.dtype != _INT64 or frame_layout.row_shape:
-            raise MetadataError(f"{where}: {FRAME_ENDS} must be an int64 vector")
+        shard_layout = manifest.arrays[RECORD_ROWS]
+        if shard_layout.dtype != _INT64 or shard_layout.row_shape != (2,):
+            raise MetadataError(f"{where}: {RECORD_ROWS} must be int64 rows of shape (2,)")
         for group in schema.groups:
             layout = manifest.arrays[group.array]
             if layout.dtype != group.row_dtype or layout.row_shape != group.row_shape:
@@ -949,8 +1032,8 @@ class TemporalArrayStorage(Storage):
         opened_root.append(True)
         manifest = parse_root(bytes(raw), where, self.kind)
         schema, index_layout = self._stored_schema(manifest, where)
-        total = int(manifest.lengths[FRAME_ENDS].sum())
-        ends = np.empty(0, dtype=_INT64)
+        total = int(manifest.lengths[RECORD_ROWS].sum())
+        records = np.empty((0, 2), dtype=_INT64)
         if total:
             key = f"{data_prefix(manifest.commit_id)}/{INDEX_ARRAY}"
             (rows,) = yield from read_rows(
@@ -959,8 +1042,8 @@ class TemporalArrayStorage(Storage):
                 describe=store.describe,
                 verify_checksums=self.verify_checksums,
             )
-            ends = rows.reshape(-1).view(_INT64).copy()
-        return _TemporalIndex(manifest, schema, ends, where)
+            records = rows.reshape(-1).view(_INT64).reshape(-1, 2).copy()
+        return _TemporalIndex(manifest, schema, records, where)
 
     def _not_found(self, error: MissingObjectError) -> DatasetNotFoundError:
         return DatasetNotFoundError(

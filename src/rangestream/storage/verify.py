@@ -8,9 +8,9 @@ agrees with the manifest and that no block objects lie past the array's end. Acr
 arrays: ``record_ends`` never decrease and end at the stream's length;
 ``payload_offsets`` start at 0, never decrease and end at the heap's length; the two
 columns of ``runs`` (element ends, payload ends) start at 0, never decrease and end at the
-stream's and the heap's lengths; temporal ``frame_ends`` never decrease and end at the
-shard's frame count. Finally, the index arrays for Zarr-only readers must agree with the
-manifest.
+stream's and the heap's lengths; the end rows of temporal ``record_rows`` never decrease
+and end at the shard's group length. Finally, the index arrays for Zarr-only readers must
+agree with the manifest.
 
 Problems are collected, not raised, so one scan reports all the damage it finds.
 """
@@ -61,7 +61,7 @@ _OFFSET_ARRAYS: dict[str, list[tuple[int | None, str | None, bool]]] = {
     "record_ends": [(None, "stream", False)],
     "payload_offsets": [(None, "payload_heap", True)],
     "runs": [(0, "stream", True), (1, "payload_heap", True)],
-    "frame_ends": [(None, None, False)],
+    "record_rows": [(1, None, False)],
 }
 
 
