@@ -825,19 +825,19 @@ def test_a_corrupted_chunk_is_detected_on_its_first_read_from_a_mapping(tmp_path
 def test_each_mapped_inner_chunk_is_verified_once_per_process(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import rangestream.storage.temporal as temporal
+    import rangestream.layout.block as block
 
     write(str(tmp_path / "ds"))
     storage = TemporalArrayStorage(tmp_path / "ds")
     storage.frame_counts  # noqa: B018 - opening verifies the frame index: not counted below
     checked: list[int] = []
-    original = temporal.crc32c_value
+    original = block.crc32c_value
 
     def counting(data: Any) -> int:
         checked.append(len(data))
         return original(data)
 
-    monkeypatch.setattr(temporal, "crc32c_value", counting)
+    monkeypatch.setattr(block, "crc32c_value", counting)
     storage.read_window(1, 40, 40, ["features"])  # rows 41..80: chunks 1 and 2
     assert checked == [FEATURE_STORED, FEATURE_STORED]
     storage.read_window(1, 35, 50, ["features"])  # rows 36..85: the same chunks

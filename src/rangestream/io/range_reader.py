@@ -232,6 +232,18 @@ class RangeReader:
                 counts[kind] = counts.get(kind, 0) + 1
                 sizes[kind] = sizes.get(kind, 0) + nbytes
 
+    def count_mapped_read(self, kind: str, nbytes: int) -> None:
+        """``count_mapped_reads`` of one range, written out for the one-window hot path."""
+        global _process_stats, _process_stats_pid
+        if _process_stats_pid != current_pid():
+            _process_stats, _process_stats_pid = IOStats(), current_pid()
+        for stats in (self.stats, _process_stats):
+            stats.requests += 1
+            stats.bytes += nbytes
+            counts, sizes = stats.by_key_kind, stats.bytes_by_key_kind
+            counts[kind] = counts.get(kind, 0) + 1
+            sizes[kind] = sizes.get(kind, 0) + nbytes
+
     # -- one request, async -----------------------------------------------------------
     async def _fetch_one(self, request: ByteRequest, expected: int | None) -> bytes:
         policy = self.retry

@@ -16,6 +16,7 @@ from typing import Any
 
 import google_crc32c
 import numpy as np
+from google_crc32c import value as crc32c_value
 
 from rangestream.errors import ChecksumError, CorruptDataError, MetadataError
 
@@ -289,6 +290,27 @@ def check_chunks(layout: ArrayLayout, data: bytes | memoryview, where: Any) -> N
         if value(chunk) != CRC32C_RESIDUE:
             place = where() if callable(where) else where
             raise ChecksumError(f"{place}: checksum mismatch in inner chunk {i} of the read")
+
+
+def first_bad_mapped_chunk(
+    data: np.ndarray, verified: bytearray, stored: int, first: int, end: int
+) -> int | None:
+    """Check the not yet verified stored chunks ``[first, end)`` of a mapped block.
+
+    ``data`` is the whole block's bytes, ``verified`` one flag per inner chunk. Chunks that
+    match their crc32c are flagged, so a process checks each chunk of an immutable block
+    once however many reads touch it. Returns the first damaged chunk (never flagged, so
+    every later read of it fails too), or ``None``.
+    """
+    if verified.find(0, first, end) < 0:
+        return None
+    for chunk in range(first, end):
+        if verified[chunk]:
+            continue
+        if crc32c_value(data[chunk * stored : (chunk + 1) * stored]) != CRC32C_RESIDUE:
+            return chunk
+        verified[chunk] = 1
+    return None
 
 
 def decode_chunks(

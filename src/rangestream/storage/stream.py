@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from rangestream.errors import InvalidRecordError, SchemaMismatchError
+from rangestream.io.loop import current_pid
 from rangestream.io.range_reader import ReadProgram
 from rangestream.io.store import ObjectStore
 from rangestream.layout.block import ArrayLayout
@@ -27,6 +28,7 @@ from rangestream.storage.base import (
     Storage,
     SyncReaderBase,
 )
+from rangestream.storage.stream_mapped import MappedStreamReads, mapped_stream_reads
 from rangestream.storage.writing import ShardEncoder
 from rangestream.types import StreamStorageFormat
 
@@ -218,14 +220,50 @@ class _StreamFacts:
 
 
 class StreamStorageReader(_StreamFacts, SyncReaderBase):
-    """Sync reads of a stream storage."""
+    """Sync reads of a stream storage.
+
+    On a plain local path, windows inside one block are copied out of memory-mapped blocks
+    (``rangestream.storage.stream_mapped``); everything else, and every error, takes the
+    generic read program.
+    """
+
+    def __init__(self, storage: Storage) -> None:
+        super().__init__(storage)
+        self._mapped: MappedStreamReads | None = None
+        self._mapped_for: OpenedStorage | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_mapped"] = state["_mapped_for"] = None  # mappings are per process
+        return state
+
+    def _mapped_reads(self) -> MappedStreamReads | None:
+        opened = self._open()
+        if self._mapped_for is not opened:  # first use, or reopened (a forked child)
+            assert isinstance(opened, OpenedStream)
+            self._mapped = mapped_stream_reads(opened)
+            self._mapped_for = opened
+        return self._mapped
 
     def read(self, global_index: int, length: int) -> Any:
         """Decode elements ``[global_index, global_index + length)`` with the format."""
+        mapped = self._mapped
+        if mapped is None or self._pid != current_pid() or self._opened is None:
+            mapped = self._mapped_reads()
+        if mapped is not None:
+            found = mapped.read_one(global_index, length)
+            if found is not None:
+                return mapped.unpack(*found)
         return self._run(self.opened.read(global_index, length))
 
     def read_many(self, requests: Sequence[tuple[int, int]]) -> list[Any]:
         """Several ``(global_index, length)`` reads fetched together."""
+        mapped = self._mapped_reads()
+        if mapped is not None:
+            found = mapped.read_many_elements(requests)
+            if found is not None:
+                unpack = mapped.unpack
+                return [unpack(*elements) for elements in found]
         return self._run(self.opened.read_many(requests))
 
 

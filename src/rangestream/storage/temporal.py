@@ -61,7 +61,12 @@ from rangestream.io.loop import current_pid
 from rangestream.io.range_reader import IOStats, RangeReader, ReadProgram
 from rangestream.io.ranges import ObjectRequest, RangeRequest
 from rangestream.io.store import INLINE_READ_BYTES, LocalStore, ObjectStore
-from rangestream.layout.block import CRC32C_RESIDUE, ArrayLayout, encode_block
+from rangestream.layout.block import (
+    CRC32C_RESIDUE,
+    ArrayLayout,
+    encode_block,
+    first_bad_mapped_chunk,
+)
 from rangestream.layout.manifest import (
     MAX_ROOT_BYTES,
     ROOT_KEY,
@@ -769,16 +774,13 @@ class _MappedWindows:
         self, group: _MappedGroup, key: str, mapped: MappedFile, first: int, end: int
     ) -> None:
         """Check the not yet verified inner chunks in ``[first, end)``; mark those that pass."""
-        stored, data, verified = group.stored, mapped.data, mapped.verified
-        for chunk in range(first, end):
-            if verified[chunk]:
-                continue
-            if crc32c_value(data[chunk * stored : (chunk + 1) * stored]) != CRC32C_RESIDUE:
-                raise ChecksumError(
-                    f"{self.describe(key)} bytes [{first * stored}, {end * stored}): "
-                    f"checksum mismatch in inner chunk {chunk} of the block"
-                )
-            verified[chunk] = 1
+        stored = group.stored
+        bad = first_bad_mapped_chunk(mapped.data, mapped.verified, stored, first, end)
+        if bad is not None:
+            raise ChecksumError(
+                f"{self.describe(key)} bytes [{first * stored}, {end * stored}): "
+                f"checksum mismatch in inner chunk {bad} of the block"
+            )
 
 
 class _OpenState:
