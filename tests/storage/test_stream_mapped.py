@@ -4,6 +4,7 @@ generic path for everything the mapped one does not serve."""
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 import os
 from pathlib import Path
@@ -183,3 +184,30 @@ def test_a_reader_used_in_the_parent_maps_its_own_files_in_a_forked_child(
         assert child.exitcode == 0 and pid != os.getpid()
         assert tokens == truth["tokens"][720:750].tolist()
         assert reader._mapped_reads() is parent_maps  # the parent's own state is untouched
+
+
+def test_async_reads_on_a_local_path_take_the_mapped_path_with_the_same_counts(
+    tmp_path: Path,
+) -> None:
+    truth = write(tmp_path / "ds")
+    requests = windows(len(truth), 50, seed=4)
+
+    async def read_all(storage: StreamStorage) -> tuple[list[Any], Any, Any]:
+        async with storage.async_reader() as reader:
+            singles = [await reader.read(start, length) for start, length in requests]
+            many = await reader.read_many(requests)
+            return singles + many, reader.stats, reader._mapped_reads(reader.opened)
+
+    fast, fast_stats, fast_mapped = asyncio.run(
+        read_all(StreamStorage(tmp_path / "ds", StreamNumpyFormat(TOKENS)))
+    )
+    slow, slow_stats, slow_mapped = asyncio.run(
+        read_all(PreadStorage(tmp_path / "ds", StreamNumpyFormat(TOKENS)))
+    )
+    assert isinstance(fast_mapped, MappedStreamReads) and slow_mapped is None
+    assert len(fast_mapped.maps) > 0
+    for (start, length), got in zip(requests * 2, fast, strict=True):
+        np.testing.assert_array_equal(got["tokens"], truth["tokens"][start : start + length])
+    for got, expected in zip(fast, slow, strict=True):
+        np.testing.assert_array_equal(got["loss_mask"], expected["loss_mask"])
+    assert (fast_stats.requests, fast_stats.bytes) == (slow_stats.requests, slow_stats.bytes)

@@ -783,6 +783,18 @@ class _MappedWindows:
             )
 
 
+#: Guards making a storage's per-process state, so concurrent first reads share it.
+_state_lock = threading.Lock()
+
+
+def _new_state_lock() -> None:
+    global _state_lock
+    _state_lock = threading.Lock()  # a fork may copy it locked by a thread that is gone
+
+
+os.register_at_fork(after_in_child=_new_state_lock)
+
+
 class _OpenState:
     """Per-process reading state: store, range reader, the frame index once loaded."""
 
@@ -1056,7 +1068,10 @@ class TemporalArrayStorage(Storage):
     def _process_state(self) -> _OpenState:
         state = self._state
         if state is None or state.pid != os.getpid():  # first use, or a forked child
-            state = self._state = _OpenState(self)
+            with _state_lock:  # threads racing here must share one state (and one open)
+                state = self._state
+                if state is None or state.pid != os.getpid():
+                    state = self._state = _OpenState(self)
         return state
 
     def _index(self) -> _TemporalIndex:
