@@ -39,7 +39,11 @@ def _make_bucket(url: str, options: dict[str, Any]) -> None:
         return
     import s3fs
 
-    fs = s3fs.S3FileSystem(skip_instance_cache=True, **options)
+    # fsspec's instance cache keeps this sync filesystem alive until exit. A throwaway one
+    # would be collected wherever the garbage collector runs next; in a thread running an
+    # event loop (the writer's uploads), s3fs's finalizer then closes its session on that
+    # loop instead of its own and logs "attached to a different loop".
+    fs = s3fs.S3FileSystem(**options)
     bucket = url[len("s3://") :].split("/", 1)[0]
     if not fs.exists(bucket):
         fs.mkdir(bucket)
