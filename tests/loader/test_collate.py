@@ -135,16 +135,23 @@ def test_pad_collate_names_missing_fields() -> None:
         PadCollate({"text": Pad()})([{"tokens": np.arange(2)}])
 
 
-def test_workers_collate_straight_into_shared_memory() -> None:
+def test_workers_collate_large_batches_straight_into_shared_memory_and_small_ones_not() -> None:
+    """Large batches go to the main process through shared memory, so they are stacked
+    there; small ones go by value (``loader.transport``) and stay in ordinary memory."""
+
     def collate_and_report(samples: list[Any]) -> Any:
         batch = stack_collate(samples)
         return batch, batch.is_shared()
 
-    loader = torch.utils.data.DataLoader(
-        [np.arange(4) + i for i in range(6)], batch_size=3, num_workers=1,
-        collate_fn=collate_and_report,
-    )  # fmt: skip
-    results = list(loader)
-    assert [shared for _, shared in results] == [True, True]
-    np.testing.assert_array_equal(results[1][0].numpy(), np.arange(4) + np.arange(3, 6)[:, None])
+    large = 128 * 1024  # int64 elements: 1 MiB per sample
+    for size, shared in [(4, False), (large, True)]:
+        loader = torch.utils.data.DataLoader(
+            [np.arange(size) + i for i in range(6)], batch_size=3, num_workers=1,
+            collate_fn=collate_and_report,
+        )  # fmt: skip
+        results = list(loader)
+        assert [in_worker for _, in_worker in results] == [shared, shared]
+        np.testing.assert_array_equal(
+            results[1][0].numpy(), np.arange(size) + np.arange(3, 6)[:, None]
+        )
     assert not stack_collate([np.arange(2), np.arange(2)]).is_shared()  # not in a worker

@@ -23,9 +23,9 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from torch.utils.data import get_worker_info
 
 from rangestream.errors import CollateError
+from rangestream.loader.transport import share_in_worker
 
 __all__ = ["NextTokenCollate", "Pad", "PadCollate", "length_mask", "pad_stack", "stack_collate"]
 
@@ -41,15 +41,15 @@ def _as_numpy(value: Any) -> np.ndarray:
 
 
 def _batch_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """An uninitialised tensor for a stacked batch, in shared memory inside a worker.
+    """An uninitialised tensor for a stacked batch, in shared memory where it will be sent so.
 
-    A DataLoader worker hands its batch to the main process through shared memory; a tensor
-    allocated there to begin with is sent as is, instead of being copied into a new segment
-    when pickled (``torch.utils.data.default_collate`` does the same). On these machines
-    that was about a third more batches per second through two workers.
+    A DataLoader worker hands a large batch to the main process through shared memory; a
+    tensor allocated there to begin with is sent as is, instead of being copied into a new
+    segment when pickled (``torch.utils.data.default_collate`` does the same). Small ones
+    go by value (``rangestream.loader.transport``) and stay in ordinary memory.
     """
     out = torch.empty(shape, dtype=dtype)
-    if get_worker_info() is not None:
+    if share_in_worker(out.nbytes):
         out.share_memory_()
     return out
 

@@ -25,6 +25,7 @@ import torchdata.stateful_dataloader
 from rangestream.errors import LoaderConfigError, StateError
 from rangestream.loader.iterable import DEFAULT_PREFETCH, BatchIterableDataset, Collate
 from rangestream.loader.storage_kinds import LoaderOptions, build_dataset
+from rangestream.loader.transport import for_transport
 
 __all__ = ["STATE_VERSION", "StatefulDataLoader"]
 
@@ -45,8 +46,9 @@ def _start_method(kwargs: dict[str, Any]) -> str:
 
 
 def _pass_through(batch: Any) -> Any:
-    """Batches are collated inside the dataset, in the worker; the loader adds nothing."""
-    return batch
+    """Batches are collated inside the dataset, in the worker; the loader only readies them
+    for the trip to the main process (small tensors by value: ``loader.transport``)."""
+    return for_transport(batch)
 
 
 class _CountingIterator(Iterator[Any]):
