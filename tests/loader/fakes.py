@@ -32,6 +32,7 @@ class ReadStats:
     in_flight: int = 0
     max_in_flight: int = 0
     opened_pids: list[int] = field(default_factory=list)
+    read_many_sizes: list[int] = field(default_factory=list)
 
 
 def _delay(position: int, base: float) -> float:
@@ -128,6 +129,7 @@ class FakeAsyncReader:
         return self._read(position)
 
     async def read_many(self, positions: list[int]) -> list[Any]:
+        self.dataset.stats.read_many_sizes.append(len(positions))
         return list(await asyncio.gather(*(self._read(p) for p in positions)))
 
     async def _read(self, position: int) -> Any:
@@ -160,11 +162,14 @@ class FakeStreamDataset(_FakeIndexed):
         next_token: bool = False,
         delay: float = 0.0,
         fail_at: int | None = None,
+        span_bytes: int | None = None,
     ) -> None:
         self.storage = storage
         self.sequence_length = sequence_length
         self.stride = sequence_length if stride is None else stride
         self.next_token = next_token
+        # what StreamDataset reports; None (unknown) keeps the loader to one step per run
+        self.sample_span_bytes = span_bytes
         self.delay = delay
         self.fail_at = fail_at
         self.stats = ReadStats()

@@ -26,12 +26,16 @@ from rangestream import (
 from rangestream.errors import LoaderConfigError, StateError
 from rangestream.io import process_io_stats
 from rangestream.loader import (
+    DEFAULT_PREFETCH,
     IndexedBatchDataset,
     Pad,
     PadCollate,
     StatefulDataLoader,
     WindowSampler,
+    stack_collate,
 )
+from rangestream.loader.dataloader import _CountingIterator
+from rangestream.loader.iterable import RUN_READ_BYTES
 
 from .expected import epoch_order, expected_global_batches, expected_rank_batches, flatten
 from .fakes import (
@@ -57,9 +61,15 @@ def make_loader(
     drop_last: bool = False,
     shuffle: bool = True,
     seed: int = SEED,
+    run_steps: int | None = None,
     **kwargs: Any,
 ) -> StatefulDataLoader:
-    windows = FakeStreamDataset(FakeStreamStorage(num_windows * SEQUENCE_LENGTH), SEQUENCE_LENGTH)
+    """A loader over fake windows; ``run_steps`` makes the windows report a size for which
+    a sequential run is exactly that many batches (see ``RUN_READ_BYTES``)."""
+    span = None if run_steps is None else RUN_READ_BYTES // (run_steps * batch_size)
+    windows = FakeStreamDataset(
+        FakeStreamStorage(num_windows * SEQUENCE_LENGTH), SEQUENCE_LENGTH, span_bytes=span
+    )
     dataset = IndexedBatchDataset(
         windows,
         batch_size=batch_size,
@@ -68,6 +78,7 @@ def make_loader(
         rank=rank,
         world_size=world_size,
         drop_last=drop_last,
+        prefetch=DEFAULT_PREFETCH if run_steps is None else 2 * run_steps * batch_size,
     )
     return StatefulDataLoader(dataset, num_workers=num_workers, **kwargs)
 
@@ -173,6 +184,72 @@ def test_an_iterator_superseded_by_a_new_one_refuses_to_continue() -> None:
 def test_len_is_the_number_of_batches_per_epoch_on_this_rank() -> None:
     assert len(make_loader(45, world_size=2, drop_last=False)) == 6
     assert len(make_loader(45, world_size=2, drop_last=True)) == 5
+
+
+# -- runs of consecutive steps per worker (sequential order) -----------------------------
+
+
+def pids_of(batch: dict[str, Any]) -> set[int]:
+    return set(batch["pid"].tolist())
+
+
+def test_sequential_workers_build_runs_of_steps_and_the_loader_restores_step_order() -> None:
+    loader = make_loader(90, shuffle=False, num_workers=2, run_steps=3)
+    batches = list(loader)
+    # 90 windows, batches of 4, padded by wrapping: 23 steps, runs of 3 dealt to 2 workers
+    assert [positions_of(b) for b in batches] == expected_rank_batches(
+        list(range(90)), batch_size=4, world_size=1, rank=0, drop_last=False
+    )
+    readers = [pids_of(batch) for batch in batches]
+    assert all(len(pids) == 1 for pids in readers)
+    first, second = readers[0], readers[3]
+    assert first != second
+    assert readers == ([first] * 3 + [second] * 3) * 3 + [first] * 3 + [second] * 2
+
+
+def test_a_worker_reads_each_run_of_batches_with_one_read_many() -> None:
+    loader = make_loader(90, shuffle=False, num_workers=0, run_steps=3)
+    list(loader)
+    fake = loader.dataset.dataset
+    assert isinstance(fake, FakeStreamDataset)
+    assert fake.stats.read_many_sizes == [12] * 7 + [8]
+
+
+def test_shuffled_or_untagged_multi_worker_reads_keep_one_step_per_run() -> None:
+    shuffled = make_loader(40, num_workers=0, run_steps=3)
+    list(shuffled)
+    assert shuffled.dataset.dataset.stats.read_many_sizes == [4] * 10  # type: ignore[attr-defined]
+    # a plain DataLoader does not re-sort: its workers take single steps in round robin
+    dataset = make_loader(40, shuffle=False, run_steps=3).dataset
+    dataset.tag_steps(False)
+    plain = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2)
+    assert [positions_of(b) for b in plain] == [list(range(i, i + 4)) for i in range(0, 40, 4)]
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")
+@pytest.mark.parametrize(("first_workers", "resumed_workers"), [(2, 0), (0, 3), (2, 1), (3, 2)])
+def test_a_run_stopped_inside_a_worker_run_resumes_exactly(
+    first_workers: int, resumed_workers: int
+) -> None:
+    options: dict[str, Any] = {"shuffle": False, "run_steps": 3}
+    uninterrupted = collect(make_loader(70, num_workers=first_workers, **options), epochs=2)
+    interrupted = make_loader(70, num_workers=first_workers, **options)
+    iterator = iter(interrupted)
+    seen = [positions_of(next(iterator)) for _ in range(4)]  # stops in the middle of a run
+    state = interrupted.state_dict()
+    del iterator
+    resumed = make_loader(70, num_workers=resumed_workers, **options)
+    resumed.load_state_dict(state)
+    assert seen == uninterrupted[:4]
+    assert collect(resumed, epochs=2) == uninterrupted[4:]
+
+
+def test_a_batch_missing_at_the_end_of_the_epoch_is_an_error_not_a_silent_skip() -> None:
+    loader = make_loader(16, shuffle=False)
+    iterator = _CountingIterator(loader, iter([(0, "a"), (2, "c")]), loader._generation)
+    assert next(iterator) == "a"
+    with pytest.raises(StateError, match="without step 1"):
+        next(iterator)
 
 
 # -- resume ------------------------------------------------------------------------------
@@ -650,22 +727,39 @@ def test_workers_read_a_real_stream_with_every_start_method_after_the_parent_rea
     assert sorted((starts // 8).tolist()) == sorted(epoch_order(45, SEED, 0)[:45])
 
 
-def test_a_sequential_batch_is_read_with_one_request(location: Location) -> None:
+def collate_with_io(samples: list[Any]) -> tuple[Any, int, Any]:
+    """Batch plus the worker's own request counters (workers are separate processes)."""
+    return stack_collate(samples), os.getpid(), process_io_stats()
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_sequential_run_of_batches_is_read_with_one_request(
+    location: Location, num_workers: int
+) -> None:
     tokens = np.arange(64 * 40, dtype="<i4")
     storage = StreamStorage(location.url, StreamNumpyFormat(TOKENS),
                             storage_options=location.storage_options)  # fmt: skip
     with storage.sync_writer() as writer:
         writer.append(0, {"tokens": tokens, "loss_mask": (tokens % 2).astype("u1")})
+    # prefetch 32 allows runs of 32 // (2 * 4) = 4 batches, far below RUN_READ_BYTES
     loader = StatefulDataLoader.from_storage(
-        storage, sequence_length=16, batch_size=4, num_workers=0, shuffle=False
-    )
+        storage, collate_with_io, sequence_length=16, batch_size=4, num_workers=num_workers,
+        shuffle=False, prefetch=32,
+    )  # fmt: skip
     before = process_io_stats()
-    batches = [batch["tokens"].numpy() for batch in loader]
-    spent = process_io_stats() - before
+    batches, spent_by_process = [], {}
+    for batch, pid, stats in loader:
+        batches.append(batch["tokens"].numpy())
+        spent_by_process[pid] = stats
     assert len(batches) == 40  # 160 windows of 16 tokens, 4 per batch
     np.testing.assert_array_equal(np.concatenate(batches).reshape(-1), tokens)
-    # the four adjacent windows of each batch come back from one coalesced range request
-    assert spent.by_key_kind.get("stream") == 40
+    assert len(spent_by_process) == max(1, num_workers)
+    stream_requests = sum(
+        (stats - before if pid == os.getpid() else stats).by_key_kind.get("stream", 0)
+        for pid, stats in spent_by_process.items()
+    )
+    # the 16 adjacent windows of each run of 4 batches come back from one range request
+    assert stream_requests == 10
 
 
 def test_local_storage_is_read_without_an_event_loop_thread(tmp_path: Path) -> None:

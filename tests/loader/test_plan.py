@@ -63,7 +63,10 @@ def test_an_empty_epoch_has_no_steps() -> None:
 @pytest.mark.parametrize("num_workers", [1, 2, 3, 4])
 def test_worker_round_robin_reassembles_the_rank_order(num_steps: int, num_workers: int) -> None:
     plan = EpochPlan(num_steps * 2, batch_size=2)
-    per_worker = [list(plan.worker_steps(w, num_workers)) for w in range(num_workers)]
+    per_worker = [
+        [step for run in plan.worker_runs(w, num_workers, 1) for step in run]
+        for w in range(num_workers)
+    ]
     # The DataLoader asks workers 0, 1, ..., W-1, 0, ... and skips exhausted ones.
     collected = [
         step
@@ -72,6 +75,31 @@ def test_worker_round_robin_reassembles_the_rank_order(num_steps: int, num_worke
         if step is not None
     ]
     assert collected == list(range(num_steps))
+
+
+@pytest.mark.parametrize("num_steps", [0, 1, 5, 6, 7, 12, 13])
+@pytest.mark.parametrize("num_workers", [1, 2, 3])
+@pytest.mark.parametrize("run_steps", [2, 3])
+def test_runs_of_consecutive_steps_are_dealt_round_robin_and_cover_every_step_once(
+    num_steps: int, num_workers: int, run_steps: int
+) -> None:
+    plan = EpochPlan(num_steps * 2, batch_size=2)
+    runs = [list(plan.worker_runs(w, num_workers, run_steps)) for w in range(num_workers)]
+    for w, worker_runs in enumerate(runs):
+        for k, run in enumerate(worker_runs):
+            assert run.start == (k * num_workers + w) * run_steps
+            assert len(run) == run_steps or run.stop == num_steps
+    assert sorted(step for worker_runs in runs for run in worker_runs for step in run) == list(
+        range(num_steps)
+    )
+
+
+def test_run_length_and_worker_are_checked() -> None:
+    plan = EpochPlan(10, batch_size=2)
+    with pytest.raises(LoaderConfigError, match="run_steps"):
+        next(plan.worker_runs(0, 2, 0))
+    with pytest.raises(LoaderConfigError, match="worker_id"):
+        next(plan.worker_runs(2, 2, 1))
 
 
 @pytest.mark.parametrize("drop_last", [True, False])
@@ -94,17 +122,6 @@ def test_resume_continues_the_same_sequence_with_another_split(
 
 def test_consumed_past_the_epoch_end_leaves_no_steps() -> None:
     assert EpochPlan(10, batch_size=4, drop_last=False, consumed_samples=12).num_steps == 0
-
-
-def test_blocks_split_steps_without_changing_the_indices() -> None:
-    plan = EpochPlan(100, batch_size=3, world_size=2, rank=1, drop_last=False)
-    steps = plan.worker_steps(1, 2)
-    assert len(steps) == 8  # ceil(100 / 6) = 17 steps; worker 1 of 2 builds 1, 3, ..., 15
-    blocks = list(plan.blocks(steps, block_steps=3))
-    assert [len(block) for block in blocks] == [3, 3, 2]
-    assert [row.tolist() for block in blocks for row in block] == plan.sequence_indices(
-        steps
-    ).tolist()
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from rangestream.dataset.indexing import positions
 from rangestream.io.range_reader import IOStats
 
@@ -68,6 +70,12 @@ class StreamDataset:
     @property
     def window_length(self) -> int:
         return self.sequence_length + (1 if self.next_token else 0)
+
+    @property
+    def sample_span_bytes(self) -> int:
+        """Storage bytes from one window's start to the next's (windows in order are
+        adjacent or overlapping, so a loader can read a run of them with one request)."""
+        return self.stride * np.dtype(self.storage.storage_format.stream_dtype).itemsize
 
     def num_windows(self, total_length: int) -> int:
         if total_length < self.window_length:

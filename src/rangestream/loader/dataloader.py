@@ -51,14 +51,25 @@ def _pass_through(batch: Any) -> Any:
     return for_transport(batch)
 
 
+_MISSING = object()
+
+
 class _CountingIterator(Iterator[Any]):
-    """Advances the loader's position by one global batch per batch handed out."""
+    """Hands out batches in step order; advances the position by one global batch each.
+
+    Workers build runs of consecutive steps (one range request per run in sequential
+    order) and tag every batch with its step, so the DataLoader's worker round robin
+    delivers e.g. steps 0, 16, 1, 17, ...; batches that arrive early wait here, at most
+    ``(num_workers - 1) * MAX_RUN_STEPS`` of them.
+    """
 
     def __init__(self, loader: StatefulDataLoader, inner: Iterator[Any], generation: int) -> None:
         self._loader = loader
         self._inner = inner
         self._generation = generation
         self._finished = False
+        self._next_step = 0
+        self._early: dict[int, Any] = {}
 
     def __iter__(self) -> _CountingIterator:
         return self
@@ -76,12 +87,24 @@ class _CountingIterator(Iterator[Any]):
                 "load_state_dict() on its StatefulDataLoader; continuing it would lose the "
                 "position"
             )
-        try:
-            batch = next(self._inner)
-        except StopIteration:
-            self._finished = True
-            loader._end_epoch()
-            raise
+        batch = self._early.pop(self._next_step, _MISSING)
+        while batch is _MISSING:
+            try:
+                step, received = next(self._inner)
+            except StopIteration:
+                self._finished = True
+                if self._early:
+                    raise StateError(
+                        f"the workers ended the epoch without step {self._next_step} but "
+                        f"with steps {sorted(self._early)}; a batch was lost"
+                    ) from None
+                loader._end_epoch()
+                raise
+            if step == self._next_step:
+                batch = received
+            else:
+                self._early[step] = received
+        self._next_step += 1
         loader._consumed_samples += loader.dataset.global_batch_size
         return batch
 
@@ -150,6 +173,7 @@ class StatefulDataLoader(torchdata.stateful_dataloader.StatefulDataLoader):
             # torchdata 0.11 calls a torch API that torch 2.13 deprecates; nothing to act on.
             warnings.filterwarnings("ignore", message=".*set_vital.*", category=UserWarning)
             super().__init__(dataset, batch_size=None, collate_fn=_pass_through, **kwargs)
+        dataset.tag_steps()  # batches come back tagged: runs per worker, re-sorted here
         self._epoch = 0
         self._consumed_samples = 0
         self._generation = 0

@@ -4,9 +4,11 @@ The epoch is one global sequence: sequence index ``i`` (``0 <= i < num_samples``
 ``i``-th sample of the epoch's (shuffled) order. The sequence is cut into *global batches* of
 ``world_size * batch_size`` indices; rank ``r`` takes the contiguous slice
 ``[r * batch_size, (r + 1) * batch_size)`` of every global batch (as Megatron does). The
-DataLoader workers of a rank only share the fetching: worker ``w`` of ``W`` builds this
-rank's batches ``w, w + W, w + 2W, ...`` and the DataLoader's in-order round robin puts them
-back in sequence. So the order never depends on ``num_workers``.
+DataLoader workers of a rank only share the fetching: runs of ``run_steps`` consecutive
+steps are dealt to the workers in turn (:meth:`EpochPlan.worker_runs`), and the batches are
+put back in step order, by the DataLoader's in-order round robin for runs of one step, or by
+the step numbers the workers attach (``StatefulDataLoader``). So the order never depends on
+``num_workers``.
 
 Progress is one number, ``consumed_samples``: how many sequence indices all ranks together
 have consumed this epoch (a multiple of the global batch size of the run that consumed them).
@@ -98,17 +100,24 @@ class EpochPlan:
             return remaining // self.global_batch_size
         return -(-remaining // self.global_batch_size)
 
-    def worker_steps(self, worker_id: int, num_workers: int) -> range:
-        """Steps (``0 <= step < num_steps``) that DataLoader worker ``worker_id`` builds.
+    def worker_runs(self, worker_id: int, num_workers: int, run_steps: int) -> Iterator[range]:
+        """Runs of consecutive steps that worker ``worker_id`` builds, in its order.
 
-        Round-robin assignment matches the DataLoader's in-order collection, which asks
-        worker 0, 1, ..., W-1, 0, ... for their next batch.
+        Runs of ``run_steps`` steps are dealt round robin, so a worker's samples are
+        adjacent in storage over a whole run (sequential order) and can be read with one
+        range request. With ``run_steps=1`` a worker builds steps ``w, w + W, ...``;
+        with more, and more than one worker, the DataLoader's round robin no longer yields
+        steps in order, and whoever consumes the batches must put them back in order (as
+        :class:`rangestream.loader.StatefulDataLoader` does with the step numbers).
         """
         if not 0 <= worker_id < num_workers:
             raise LoaderConfigError(
                 f"worker_id must lie in [0, num_workers={num_workers}), got {worker_id}"
             )
-        return range(worker_id, self.num_steps, num_workers)
+        _check_int("run_steps", run_steps, 1)
+        total = self.num_steps
+        for start in range(worker_id * run_steps, total, run_steps * num_workers):
+            yield range(start, min(start + run_steps, total))
 
     def sequence_indices(self, steps: range | np.ndarray) -> np.ndarray:
         """Epoch-sequence indices of this rank's batches at ``steps``.
@@ -137,13 +146,3 @@ class EpochPlan:
         )
         indices = first[:, None] + np.arange(self.batch_size, dtype=np.int64)[None, :]
         return indices % self.num_samples if self.num_samples else indices
-
-    def blocks(self, steps: range, block_steps: int) -> Iterator[np.ndarray]:
-        """Yield :meth:`sequence_indices` for ``steps`` in slices of ``block_steps`` steps.
-
-        Bounded blocks keep a worker's memory independent of the epoch size.
-        """
-        if block_steps < 1:
-            raise LoaderConfigError(f"block_steps must be >= 1, got {block_steps}")
-        for start in range(0, len(steps), block_steps):
-            yield self.sequence_indices(steps[start : start + block_steps])
