@@ -34,7 +34,6 @@ from rangestream.loader import (
     WindowSampler,
     stack_collate,
 )
-from rangestream.loader.dataloader import _CountingIterator
 from rangestream.loader.iterable import RUN_READ_BYTES
 
 from .expected import epoch_order, expected_global_batches, expected_rank_batches, flatten
@@ -246,7 +245,8 @@ def test_a_run_stopped_inside_a_worker_run_resumes_exactly(
 
 def test_a_batch_missing_at_the_end_of_the_epoch_is_an_error_not_a_silent_skip() -> None:
     loader = make_loader(16, shuffle=False)
-    iterator = _CountingIterator(loader, iter([(0, "a"), (2, "c")]), loader._generation)
+    loader._start_workers = lambda epoch, consumed: iter([(0, "a"), (2, "c")])  # type: ignore[method-assign]
+    iterator = iter(loader)
     assert next(iterator) == "a"
     with pytest.raises(StateError, match="without step 1"):
         next(iterator)
@@ -753,13 +753,87 @@ def test_a_sequential_run_of_batches_is_read_with_one_request(
         spent_by_process[pid] = stats
     assert len(batches) == 40  # 160 windows of 16 tokens, 4 per batch
     np.testing.assert_array_equal(np.concatenate(batches).reshape(-1), tokens)
-    assert len(spent_by_process) == max(1, num_workers)
-    stream_requests = sum(
-        (stats - before if pid == os.getpid() else stats).by_key_kind.get("stream", 0)
+    stream_requests = {
+        pid: (stats - before if pid == os.getpid() else stats).by_key_kind.get("stream", 0)
         for pid, stats in spent_by_process.items()
-    )
+    }
     # the 16 adjacent windows of each run of 4 batches come back from one range request
-    assert stream_requests == 10
+    if num_workers == 0:
+        assert stream_requests == {os.getpid(): 10}
+    elif not location.is_s3:
+        # head start: this process reads the first batch alone, then the rest of its run;
+        # the workers read the other 9 runs
+        assert stream_requests.pop(os.getpid()) == 2
+        assert len(stream_requests) == 2 and sum(stream_requests.values()) == 9
+    else:
+        assert os.getpid() not in stream_requests
+        assert len(stream_requests) == 2 and sum(stream_requests.values()) == 10
+
+
+def pid_collate(samples: list[Any]) -> dict[str, Any]:
+    """Batch plus the process that collated it."""
+    return {**stack_collate(samples), "pid": os.getpid()}
+
+
+def sequential_loader(location: Location, **options: Any) -> StatefulDataLoader:
+    tokens = np.arange(64 * 40, dtype="<i4")
+    storage = StreamStorage(location.url, StreamNumpyFormat(TOKENS),
+                            storage_options=location.storage_options)  # fmt: skip
+    with storage.sync_writer(overwrite=True) as writer:
+        writer.append(0, {"tokens": tokens, "loss_mask": (tokens % 2).astype("u1")})
+    # runs of 4 batches of 4 windows of 16 tokens; 40 steps per epoch
+    return StatefulDataLoader.from_storage(
+        storage, pid_collate, sequence_length=16, batch_size=4, num_workers=2,
+        shuffle=False, prefetch=32, **options,
+    )  # fmt: skip
+
+
+def batch_starts(batch: dict[str, Any]) -> list[int]:
+    return (batch["tokens"][:, 0] // 16).tolist()
+
+
+def test_on_local_disk_the_first_run_is_read_here_before_any_worker_starts(
+    location: Location,
+) -> None:
+    loader = sequential_loader(location)
+    iterator = iter(loader)
+    first = next(iterator)
+    assert batch_starts(first) == [0, 1, 2, 3]
+    if not location.is_s3:
+        assert first["pid"] == os.getpid()
+        assert multiprocessing.active_children() == []
+    rest = list(iterator)
+    pids = [batch["pid"] for batch in [first, *rest]]
+    if location.is_s3:  # a remote first read would cost more than it saves
+        assert os.getpid() not in pids
+    else:
+        assert pids[:4] == [os.getpid()] * 4 and os.getpid() not in pids[4:]
+    starts = [start for batch in [first, *rest] for start in batch_starts(batch)]
+    assert starts == list(range(160))
+
+
+def test_without_head_start_every_batch_comes_from_a_worker(tmp_path: Path) -> None:
+    loader = sequential_loader(Location(str(tmp_path / "tokens"), {}), head_start=False)
+    batches = list(loader)
+    assert os.getpid() not in {batch["pid"] for batch in batches}
+    assert [s for batch in batches for s in batch_starts(batch)] == list(range(160))
+
+
+@pytest.mark.parametrize("stop_after", [1, 3, 4, 6])
+def test_a_resume_inside_or_after_the_head_run_continues_exactly(
+    tmp_path: Path, stop_after: int
+) -> None:
+    location = Location(str(tmp_path / "tokens"), {})
+    interrupted = sequential_loader(location)
+    iterator = iter(interrupted)
+    seen = [batch_starts(next(iterator)) for _ in range(stop_after)]
+    state = interrupted.state_dict()
+    del iterator
+    resumed = sequential_loader(location)
+    resumed.load_state_dict(state)
+    rest = [batch_starts(batch) for batch in resumed]
+    assert [s for batch in seen + rest for s in batch] == list(range(160))
+    assert len(seen) + len(rest) == 40
 
 
 def test_local_storage_is_read_without_an_event_loop_thread(tmp_path: Path) -> None:

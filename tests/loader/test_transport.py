@@ -86,8 +86,9 @@ def test_a_loader_with_workers_yields_plain_tensors_of_either_size(tmp_path: Pat
         writer.append(0, {"tokens": np.arange(600_000, dtype="<i4")})
     for sequence_length, shared in [(64, False), (BY_VALUE_MAX_BYTES // 4, True)]:
         loader = StatefulDataLoader.from_storage(
-            storage, sequence_length=sequence_length, batch_size=2, num_workers=2, shuffle=False
-        )
+            storage, sequence_length=sequence_length, batch_size=2, num_workers=2,
+            shuffle=False, head_start=False,  # every batch crosses from a worker
+        )  # fmt: skip
         batches = [batch["tokens"] for _, batch in zip(range(4), loader, strict=False)]
         for number, tokens in enumerate(batches):
             assert type(tokens) is torch.Tensor and tokens.is_shared() == shared

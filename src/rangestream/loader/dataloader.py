@@ -61,15 +61,27 @@ class _CountingIterator(Iterator[Any]):
     order) and tag every batch with its step, so the DataLoader's worker round robin
     delivers e.g. steps 0, 16, 1, 17, ...; batches that arrive early wait here, at most
     ``(num_workers - 1) * MAX_RUN_STEPS`` of them.
+
+    With a head start (local storage, workers), the first run is read in this process on
+    the first ``next()``, and the workers are started on the second, from the step after
+    that run; until then, no worker exists.
     """
 
-    def __init__(self, loader: StatefulDataLoader, inner: Iterator[Any], generation: int) -> None:
+    def __init__(
+        self, loader: StatefulDataLoader, generation: int, epoch: int, consumed: int
+    ) -> None:
         self._loader = loader
-        self._inner = inner
         self._generation = generation
+        self._epoch = epoch
+        self._consumed = consumed
+        self._inner: Iterator[Any] | None = None
+        self._head: Iterator[tuple[int, Any]] | None = None
+        self._step_offset = 0
         self._finished = False
         self._next_step = 0
         self._early: dict[int, Any] = {}
+        if loader._head_start():
+            self._head = loader.dataset.head_run(epoch, consumed)
 
     def __iter__(self) -> _CountingIterator:
         return self
@@ -88,9 +100,16 @@ class _CountingIterator(Iterator[Any]):
                 "position"
             )
         batch = self._early.pop(self._next_step, _MISSING)
+        if batch is _MISSING and self._head is not None and self._next_step == 0:
+            step, batch = next(self._head, (0, _MISSING))
+            assert step == 0, f"the head run started at step {step}"
         while batch is _MISSING:
+            workers = self._workers()
+            batch = self._early.pop(self._next_step, _MISSING)  # the head run's rest
+            if batch is not _MISSING:
+                break
             try:
-                step, received = next(self._inner)
+                step, received = next(workers)
             except StopIteration:
                 self._finished = True
                 if self._early:
@@ -100,6 +119,7 @@ class _CountingIterator(Iterator[Any]):
                     ) from None
                 loader._end_epoch()
                 raise
+            step += self._step_offset
             if step == self._next_step:
                 batch = received
             else:
@@ -107,6 +127,18 @@ class _CountingIterator(Iterator[Any]):
         self._next_step += 1
         loader._consumed_samples += loader.dataset.global_batch_size
         return batch
+
+    def _workers(self) -> Iterator[Any]:
+        """The DataLoader's own iterator, started (workers and all) on first use."""
+        if self._inner is None:
+            if self._head is not None:
+                # the rest of the head run, then its reader closes: nothing is open at fork
+                self._early.update(self._head)
+                self._head = None
+                self._step_offset = self._next_step + len(self._early)
+            start = self._consumed + self._step_offset * self._loader.dataset.global_batch_size
+            self._inner = self._loader._start_workers(self._epoch, start)
+        return self._inner
 
 
 class StatefulDataLoader(torchdata.stateful_dataloader.StatefulDataLoader):
@@ -116,6 +148,12 @@ class StatefulDataLoader(torchdata.stateful_dataloader.StatefulDataLoader):
     ----------
     dataset : BatchIterableDataset
         A dataset of this package (it yields whole batches and defines the sample order).
+    head_start : bool, default True
+        On local storage with workers, read the first run of batches (up to
+        :data:`~rangestream.loader.iterable.MAX_RUN_STEPS`) in this process, so the first
+        batch does not wait for the workers to start (they start on the second
+        ``next()``). The collate function then runs here for those batches. Ignored with
+        ``pin_memory=True``.
     **kwargs
         Process options of ``torch.utils.data.DataLoader``: ``num_workers``,
         ``pin_memory``, ``pin_memory_device``, ``timeout``, ``worker_init_fn``,
@@ -139,7 +177,9 @@ class StatefulDataLoader(torchdata.stateful_dataloader.StatefulDataLoader):
     rank's state resumes any rank of the new run.
     """
 
-    def __init__(self, dataset: BatchIterableDataset, **kwargs: Any) -> None:
+    def __init__(
+        self, dataset: BatchIterableDataset, *, head_start: bool = True, **kwargs: Any
+    ) -> None:
         if not isinstance(dataset, BatchIterableDataset):
             raise LoaderConfigError(
                 "StatefulDataLoader needs a rangestream BatchIterableDataset (e.g. from "
@@ -174,6 +214,7 @@ class StatefulDataLoader(torchdata.stateful_dataloader.StatefulDataLoader):
             warnings.filterwarnings("ignore", message=".*set_vital.*", category=UserWarning)
             super().__init__(dataset, batch_size=None, collate_fn=_pass_through, **kwargs)
         dataset.tag_steps()  # batches come back tagged: runs per worker, re-sorted here
+        self.head_start = bool(head_start)
         self._epoch = 0
         self._consumed_samples = 0
         self._generation = 0
@@ -302,8 +343,21 @@ class StatefulDataLoader(torchdata.stateful_dataloader.StatefulDataLoader):
 
     def __iter__(self) -> _CountingIterator:  # type: ignore[override]
         self._generation += 1
-        self.dataset.seek(self._epoch, self._consumed_samples)
-        return _CountingIterator(self, super().__iter__(), self._generation)
+        return _CountingIterator(self, self._generation, self._epoch, self._consumed_samples)
+
+    def _start_workers(self, epoch: int, consumed_samples: int) -> Iterator[Any]:
+        """The DataLoader's iterator from ``consumed_samples`` of ``epoch`` on."""
+        self.dataset.seek(epoch, consumed_samples)
+        return super().__iter__()
+
+    def _head_start(self) -> bool:
+        """Whether the first run is read in this process (see :class:`_CountingIterator`).
+
+        Worker start-up (fork, imports, torchdata's handshake) takes 20-40 ms; a local run
+        is read here in about a millisecond. Not with pinned memory (the DataLoader pins
+        what workers send) or when switched off.
+        """
+        return self.head_start and self.num_workers > 0 and not self.pin_memory
 
     # -- state ---------------------------------------------------------------------------
 

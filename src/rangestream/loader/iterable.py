@@ -498,11 +498,45 @@ class BatchIterableDataset(IterableDataset[Any]):
     ) -> Iterator[Any]:
         with open_sync() as source:
             for first_step, batches in self._runs(source, *position):
-                samples = self._read_many_sync(source, [r for batch in batches for r in batch])
-                for offset, batch in enumerate(batches):
-                    taken, samples = samples[: len(batch)], samples[len(batch) :]
+                for step, collated in self._read_batches_sync(source, first_step, batches):
                     self._worker_batches += 1
-                    yield self._emit(first_step + offset, self.collate_fn(taken))
+                    yield self._emit(step, collated)
+
+    def _read_batches_sync(
+        self, source: Any, first_step: int, batches: list[list[Any]]
+    ) -> Iterator[tuple[int, Any]]:
+        """Consecutive batches read with one ``read_many`` call, collated one by one."""
+        samples = self._read_many_sync(source, [request for batch in batches for request in batch])
+        for offset, batch in enumerate(batches):
+            taken, samples = samples[: len(batch)], samples[len(batch) :]
+            yield first_step + offset, self.collate_fn(taken)
+
+    def head_run(self, epoch: int, consumed_samples: int) -> Iterator[tuple[int, Any]] | None:
+        """The first run of the remaining epoch, read here: ``(step, batch)`` pairs.
+
+        For a loader whose workers take tens of milliseconds to start: on local disk the
+        calling process reads the first batch itself in about a millisecond, and the rest
+        of the first run when asked for the second, while the workers start after it.
+        ``None`` when the source is remote (an event loop and a session would be made in
+        the parent, and the first remote read costs more than it saves). The reader closes
+        when the iterator ends or is closed.
+        """
+        open_sync = self._sync_open()
+        if open_sync is None:
+            return None
+        return self._head_run(open_sync, (int(epoch), int(consumed_samples), 0, 1, 0))
+
+    def _head_run(
+        self,
+        open_sync: Callable[[], contextlib.AbstractContextManager[Any]],
+        position: tuple[int, int, int, int, int],
+    ) -> Iterator[tuple[int, Any]]:
+        with open_sync() as source:
+            first_step, batches = next(self._runs(source, *position), (0, []))
+            if batches:
+                # the first batch alone: it is the one a training loop waits for
+                yield from self._read_batches_sync(source, first_step, batches[:1])
+                yield from self._read_batches_sync(source, first_step + 1, batches[1:])
 
     def _emit(self, step: int, batch: Any) -> Any:
         """What the worker hands the DataLoader: the batch, tagged with its step if asked."""
