@@ -152,7 +152,14 @@ class _EventLoopThread:
 
     def _serve(self) -> None:
         asyncio.set_event_loop(self._loop)
-        self._loop.run_forever()
+        loop = self._loop
+        loop.run_forever()
+        # A callback queued before the stop may have started reads after the shutdown's
+        # last look; cancel and finish them here, so no read is left half made.
+        while pending := asyncio.all_tasks(loop):
+            for task in pending:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
 
     def __enter__(self) -> _EventLoopThread:
         return self
