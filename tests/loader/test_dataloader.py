@@ -195,15 +195,16 @@ def pids_of(batch: dict[str, Any]) -> set[int]:
 def test_sequential_workers_build_runs_of_steps_and_the_loader_restores_step_order() -> None:
     loader = make_loader(90, shuffle=False, num_workers=2, run_steps=3)
     batches = list(loader)
-    # 90 windows, batches of 4, padded by wrapping: 23 steps, runs of 3 dealt to 2 workers
+    # 90 windows, batches of 4, padded by wrapping: 23 steps; a lead-in of one step per
+    # worker, then runs of 3 dealt to the 2 workers
     assert [positions_of(b) for b in batches] == expected_rank_batches(
         list(range(90)), batch_size=4, world_size=1, rank=0, drop_last=False
     )
     readers = [pids_of(batch) for batch in batches]
     assert all(len(pids) == 1 for pids in readers)
-    first, second = readers[0], readers[3]
+    first, second = readers[0], readers[1]
     assert first != second
-    assert readers == ([first] * 3 + [second] * 3) * 3 + [first] * 3 + [second] * 2
+    assert readers == [first, second] + ([first] * 3 + [second] * 3) * 3 + [first] * 3
 
 
 def test_a_worker_reads_each_run_of_batches_with_one_read_many() -> None:
@@ -211,7 +212,8 @@ def test_a_worker_reads_each_run_of_batches_with_one_read_many() -> None:
     list(loader)
     fake = loader.dataset.dataset
     assert isinstance(fake, FakeStreamDataset)
-    assert fake.stats.read_many_sizes == [12] * 7 + [8]
+    # the lead-in step alone, then 22 steps in runs of 3 batches of 4 windows
+    assert fake.stats.read_many_sizes == [4] + [12] * 7 + [4]
 
 
 def test_shuffled_or_untagged_multi_worker_reads_keep_one_step_per_run() -> None:
@@ -757,17 +759,18 @@ def test_a_sequential_run_of_batches_is_read_with_one_request(
         pid: (stats - before if pid == os.getpid() else stats).by_key_kind.get("stream", 0)
         for pid, stats in spent_by_process.items()
     }
-    # the 16 adjacent windows of each run of 4 batches come back from one range request
+    # The 16 adjacent windows of each run of 4 batches come back from one range request;
+    # a lead-in of one single-batch run per worker comes first.
     if num_workers == 0:
-        assert stream_requests == {os.getpid(): 10}
+        assert stream_requests == {os.getpid(): 1 + 10}  # 1 + 39 steps in runs of 4
     elif not location.is_s3:
-        # head start: this process reads the first batch alone, then the rest of its run;
-        # the workers read the other 9 runs
+        # head start: this process reads the lead-in batch, then the first run (5 steps);
+        # the workers read 2 lead-in batches, then 33 steps in 9 runs
         assert stream_requests.pop(os.getpid()) == 2
-        assert len(stream_requests) == 2 and sum(stream_requests.values()) == 9
+        assert len(stream_requests) == 2 and sum(stream_requests.values()) == 2 + 9
     else:
-        assert os.getpid() not in stream_requests
-        assert len(stream_requests) == 2 and sum(stream_requests.values()) == 10
+        assert os.getpid() not in stream_requests  # 2 lead-in batches, 38 steps in 10 runs
+        assert len(stream_requests) == 2 and sum(stream_requests.values()) == 2 + 10
 
 
 def pid_collate(samples: list[Any]) -> dict[str, Any]:
@@ -807,7 +810,8 @@ def test_on_local_disk_the_first_run_is_read_here_before_any_worker_starts(
     if location.is_s3:  # a remote first read would cost more than it saves
         assert os.getpid() not in pids
     else:
-        assert pids[:4] == [os.getpid()] * 4 and os.getpid() not in pids[4:]
+        # the lead-in batch, then the first run of 4
+        assert pids[:5] == [os.getpid()] * 5 and os.getpid() not in pids[5:]
     starts = [start for batch in [first, *rest] for start in batch_starts(batch)]
     assert starts == list(range(160))
 

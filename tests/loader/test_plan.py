@@ -86,8 +86,11 @@ def test_runs_of_consecutive_steps_are_dealt_round_robin_and_cover_every_step_on
     plan = EpochPlan(num_steps * 2, batch_size=2)
     runs = [list(plan.worker_runs(w, num_workers, run_steps)) for w in range(num_workers)]
     for w, worker_runs in enumerate(runs):
+        if w < num_steps:  # a lead-in of one step per worker
+            assert worker_runs[0] == range(w, w + 1)
+            worker_runs = worker_runs[1:]
         for k, run in enumerate(worker_runs):
-            assert run.start == (k * num_workers + w) * run_steps
+            assert run.start == num_workers + (k * num_workers + w) * run_steps
             assert len(run) == run_steps or run.stop == num_steps
     assert sorted(step for worker_runs in runs for run in worker_runs for step in run) == list(
         range(num_steps)

@@ -23,7 +23,7 @@ from typing import Any
 import torchdata.stateful_dataloader
 
 from rangestream.errors import LoaderConfigError, StateError
-from rangestream.loader.iterable import DEFAULT_PREFETCH, BatchIterableDataset, Collate
+from rangestream.loader.iterable import BatchIterableDataset, Collate
 from rangestream.loader.storage_kinds import LoaderOptions, build_dataset
 from rangestream.loader.transport import for_transport
 
@@ -149,11 +149,10 @@ class StatefulDataLoader(torchdata.stateful_dataloader.StatefulDataLoader):
     dataset : BatchIterableDataset
         A dataset of this package (it yields whole batches and defines the sample order).
     head_start : bool, default True
-        On local storage with workers, read the first run of batches (up to
-        :data:`~rangestream.loader.iterable.MAX_RUN_STEPS`) in this process, so the first
-        batch does not wait for the workers to start (they start on the second
-        ``next()``). The collate function then runs here for those batches. Ignored with
-        ``pin_memory=True``.
+        On local storage with workers, read the first batch, then (on the second
+        ``next()``) up to 16 more, in this process, so the first batch does not wait for
+        the workers to start (they start after those reads). The collate function then
+        runs here for those batches. Ignored with ``pin_memory=True``.
     **kwargs
         Process options of ``torch.utils.data.DataLoader``: ``num_workers``,
         ``pin_memory``, ``pin_memory_device``, ``timeout``, ``worker_init_fn``,
@@ -235,7 +234,7 @@ class StatefulDataLoader(torchdata.stateful_dataloader.StatefulDataLoader):
         shuffle: bool = True,
         shuffle_seed: int = 0,
         drop_last: bool = True,
-        prefetch: int = DEFAULT_PREFETCH,
+        prefetch: int | None = None,
         pin_memory: bool = False,
         stride: int | None = None,
         next_token: bool = False,
@@ -271,8 +270,10 @@ class StatefulDataLoader(torchdata.stateful_dataloader.StatefulDataLoader):
         drop_last : bool, default True
             Skip the incomplete last global batch, or pad it by wrapping around to the
             start of the epoch's order; see :mod:`rangestream.loader.plan`.
-        prefetch : int, default :data:`DEFAULT_PREFETCH`
-            Sample reads in flight per worker.
+        prefetch : int, optional
+            Samples in flight per worker; by default two runs of sequential windows
+            (about 8 MiB), else
+            :data:`rangestream.loader.DEFAULT_PREFETCH`.
         pin_memory : bool, default False
             Passed to the DataLoader.
         stride : int, optional

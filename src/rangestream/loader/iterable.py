@@ -25,6 +25,7 @@ import asyncio
 import atexit
 import concurrent.futures
 import contextlib
+import itertools
 import os
 import sys
 import threading
@@ -52,24 +53,29 @@ __all__ = [
     "resolve_distributed",
 ]
 
-DEFAULT_PREFETCH = 256
-"""Samples in flight per worker; it bounds memory (at most ``prefetch`` samples requested
-and not yet taken, plus the run being handed over). Sequential windows are read in runs of
-at most half of it (:data:`RUN_READ_BYTES`), so two runs are in flight per worker. With
-batches of 8 windows of 8 KiB over S3 behind 20 ms of latency (2 workers): 64 gave 7.6 M
-tokens/s (runs of 256 KiB), 128 gave 14.2-14.6 M, 256 gave 16-21 M (runs of 1 MiB), 384
-and 512 no more (the client CPU is then the limit). Shuffled windows are single reads,
-which the async reader bounds further (``max_concurrency``)."""
+DEFAULT_PREFETCH = 64
+"""Samples in flight per worker when samples are read one by one (shuffled windows,
+documents, temporal windows); it bounds memory: at most ``prefetch`` samples requested and
+not yet taken, plus the run being handed over. Sequential windows default to two runs
+instead (see :data:`RUN_READ_BYTES`). Shuffled windows are single reads, which the async
+reader bounds further (``max_concurrency``)."""
 
-RUN_READ_BYTES = 1 << 20
+RUN_READ_BYTES = 4 << 20
 """Bytes a worker aims to read per range request in sequential order, by building runs of
 consecutive steps (at most :data:`MAX_RUN_STEPS`, at most half the prefetch budget). An
 object store charges per request far more than per byte: SeaweedFS spends 3.3 ms of CPU on a
-64 KiB range GET and 4.4 ms on a 1 MiB one, S3 bills the GET and not the bytes."""
+64 KiB range GET and 4.4 ms on a 1 MiB one, S3 bills the GET and not the bytes. Measured
+with 8-KiB windows in batches of 8, 2 workers, over S3 behind 20 ms of latency, with two
+runs in flight per worker: 1 MiB runs 9.7-10.4k windows/s, 2 MiB 12.0k, 4 MiB
+10.4-13.8k (a noisy box; 4 MiB was ahead of 1 MiB in every pairing)."""
 
-MAX_RUN_STEPS = 16
+MAX_RUN_STEPS = 64
 """Bound on a run: the loader holds up to ``(num_workers - 1) * MAX_RUN_STEPS`` batches to
 put runs from several workers back in step order."""
+
+_HEAD_RUN_STEPS = 16
+"""Bound on the first run read in the training process (:meth:`head_run`): its batches
+only have to last until the workers' first reads arrive, a few milliseconds locally."""
 
 _TARGET_BLOCK_SAMPLES = 4096
 """Sequence indices mapped per vectorised permutation call: large enough to amortise numpy
@@ -261,19 +267,23 @@ class BatchIterableDataset(IterableDataset[Any]):
         rank: int | None,
         world_size: int | None,
         drop_last: bool,
-        prefetch: int,
+        prefetch: int | None,
         collate_fn: Collate | None,
     ) -> None:
         super().__init__()
         if isinstance(batch_size, bool) or int(batch_size) != batch_size or batch_size < 1:
             raise LoaderConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
-        if isinstance(prefetch, bool) or int(prefetch) != prefetch or prefetch < 1:
-            raise LoaderConfigError(f"prefetch must be a positive integer, got {prefetch!r}")
+        if prefetch is not None and (
+            isinstance(prefetch, bool) or int(prefetch) != prefetch or prefetch < 1
+        ):
+            raise LoaderConfigError(
+                f"prefetch must be a positive integer or None, got {prefetch!r}"
+            )
         self.batch_size = int(batch_size)
         self.seed = int(seed)
         self.rank, self.world_size = resolve_distributed(rank, world_size)
         self.drop_last = bool(drop_last)
-        self.prefetch = int(prefetch)
+        self._prefetch = None if prefetch is None else int(prefetch)
         self.collate_fn: Collate = stack_collate if collate_fn is None else collate_fn
         self._epoch = 0
         self._consumed_samples = 0
@@ -316,6 +326,21 @@ class BatchIterableDataset(IterableDataset[Any]):
         """Storage bytes between consecutive samples of the epoch order, if they are
         adjacent there and of one size (sequential windows); ``None`` otherwise."""
         return None
+
+    @property
+    def prefetch(self) -> int:
+        """Samples in flight per worker: as given, or by default two whole runs of
+        sequential windows (:data:`RUN_READ_BYTES`), else :data:`DEFAULT_PREFETCH`."""
+        if self._prefetch is not None:
+            return self._prefetch
+        return max(DEFAULT_PREFETCH, 2 * self._span_run_steps() * self.batch_size)
+
+    def _span_run_steps(self) -> int:
+        """Steps per run that make a read of about :data:`RUN_READ_BYTES`; 1 if unknown."""
+        span = self._sample_span_bytes()
+        if not span:
+            return 1
+        return max(1, min(MAX_RUN_STEPS, RUN_READ_BYTES // (span * self.batch_size)))
 
     def tag_steps(self, enabled: bool = True) -> None:
         """Yield ``(step, batch)`` pairs instead of batches.
@@ -522,8 +547,9 @@ class BatchIterableDataset(IterableDataset[Any]):
         """The first run of the remaining epoch, read here: ``(step, batch)`` pairs.
 
         For a loader whose workers take tens of milliseconds to start: on local disk the
-        calling process reads the first batch itself in about a millisecond, and the rest
-        of the first run when asked for the second, while the workers start after it.
+        calling process reads the first batch itself in about a millisecond (the plan's
+        lead-in step), and the first whole run when asked for the second, while the
+        workers start after it.
         ``None`` when the source is remote (an event loop and a session would be made in
         the parent, and the first remote read costs more than it saves). The reader closes
         when the iterator ends or is closed.
@@ -539,11 +565,11 @@ class BatchIterableDataset(IterableDataset[Any]):
         position: tuple[int, int, int, int, int],
     ) -> Iterator[tuple[int, Any]]:
         with open_sync() as source:
-            first_step, batches = next(self._runs(source, *position), (0, []))
-            if batches:
-                # the first batch alone: it is the one a training loop waits for
-                yield from self._read_batches_sync(source, first_step, batches[:1])
-                yield from self._read_batches_sync(source, first_step + 1, batches[1:])
+            # the lead-in (the first batch alone: the one a training loop waits for), then
+            # the first whole run
+            for first_step, batches in itertools.islice(self._runs(source, *position), 2):
+                head = batches[:_HEAD_RUN_STEPS]
+                yield from self._read_batches_sync(source, first_step, head)
 
     def _emit(self, step: int, batch: Any) -> Any:
         """What the worker hands the DataLoader: the batch, tagged with its step if asked."""
@@ -558,12 +584,8 @@ class BatchIterableDataset(IterableDataset[Any]):
         """
         if num_workers > 1 and not self._tag_steps:
             return 1
-        span = self._sample_span_bytes()
-        if not span:
-            return 1
-        by_bytes = RUN_READ_BYTES // (span * self.batch_size)
         by_budget = self.prefetch // (2 * self.batch_size)  # two runs in flight
-        return max(1, min(MAX_RUN_STEPS, by_bytes, by_budget))
+        return max(1, min(self._span_run_steps(), by_budget))
 
     def _runs(
         self,
@@ -753,8 +775,9 @@ class IndexedBatchDataset(BatchIterableDataset):
     drop_last : bool, default True
         End-of-epoch policy (see :mod:`rangestream.loader.plan`): skip the incomplete last
         global batch, or pad it by wrapping around to the start of the epoch's order.
-    prefetch : int, default :data:`DEFAULT_PREFETCH`
-        Reads in flight per worker.
+    prefetch : int, optional
+        Samples in flight per worker; by default two runs of sequential windows, else
+        :data:`DEFAULT_PREFETCH`.
     collate_fn : callable, optional
         Turns a list of ``batch_size`` samples into a batch, inside the worker. Defaults to
         :func:`rangestream.loader.stack_collate`.
@@ -770,7 +793,7 @@ class IndexedBatchDataset(BatchIterableDataset):
         rank: int | None = None,
         world_size: int | None = None,
         drop_last: bool = True,
-        prefetch: int = DEFAULT_PREFETCH,
+        prefetch: int | None = None,
         collate_fn: Collate | None = None,
     ) -> None:
         super().__init__(

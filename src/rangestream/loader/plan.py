@@ -105,10 +105,12 @@ class EpochPlan:
 
         Runs of ``run_steps`` steps are dealt round robin, so a worker's samples are
         adjacent in storage over a whole run (sequential order) and can be read with one
-        range request. With ``run_steps=1`` a worker builds steps ``w, w + W, ...``;
-        with more, and more than one worker, the DataLoader's round robin no longer yields
-        steps in order, and whoever consumes the batches must put them back in order (as
-        :class:`rangestream.loader.StatefulDataLoader` does with the step numbers).
+        range request. Runs of more than one step follow a lead-in of one step per worker,
+        so the first batches wait for one batch's read, not a run's. With ``run_steps=1`` a
+        worker builds steps ``w, w + W, ...``; with more, and more than one worker, the
+        DataLoader's round robin no longer yields steps in order, and whoever consumes the
+        batches must put them back in order (as :class:`rangestream.loader.StatefulDataLoader`
+        does with the step numbers).
         """
         if not 0 <= worker_id < num_workers:
             raise LoaderConfigError(
@@ -116,7 +118,10 @@ class EpochPlan:
             )
         _check_int("run_steps", run_steps, 1)
         total = self.num_steps
-        for start in range(worker_id * run_steps, total, run_steps * num_workers):
+        lead_in = num_workers if run_steps > 1 else 0
+        if worker_id < min(lead_in, total):
+            yield range(worker_id, worker_id + 1)
+        for start in range(lead_in + worker_id * run_steps, total, run_steps * num_workers):
             yield range(start, min(start + run_steps, total))
 
     def sequence_indices(self, steps: range | np.ndarray) -> np.ndarray:

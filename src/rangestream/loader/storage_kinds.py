@@ -46,7 +46,7 @@ class LoaderOptions:
     shuffle: bool
     shuffle_seed: int
     drop_last: bool
-    prefetch: int
+    prefetch: int | None
     stride: int | None
     next_token: bool
     fields: Sequence[str] | None
