@@ -816,6 +816,29 @@ def test_on_local_disk_the_first_run_is_read_here_before_any_worker_starts(
     assert starts == list(range(160))
 
 
+@pytest.mark.parametrize(
+    ("num_tokens", "drop_last", "expected_steps"), [(96, False, 3), (24, True, 0)]
+)
+def test_an_epoch_shorter_than_the_head_start_run_ends_cleanly_every_time(
+    tmp_path: Path, num_tokens: int, drop_last: bool, expected_steps: int
+) -> None:
+    url = str(tmp_path / "tokens")
+    write_token_stream(url, {}, [num_tokens])
+    storage = StreamStorage(url, StreamNumpyFormat(TOKENS))
+    loader = StatefulDataLoader.from_storage(
+        storage, pid_collate, sequence_length=8, batch_size=4, num_workers=2, shuffle=False,
+        drop_last=drop_last,
+    )  # fmt: skip
+    windows = num_tokens // 8  # 12 or 3 windows of 8 tokens
+    for epoch in range(2):
+        batches = list(loader)
+        assert len(batches) == expected_steps, f"epoch {epoch}"
+        starts = [start // 8 for batch in batches for start in batch["tokens"][:, 0].tolist()]
+        assert starts == [i % windows for i in range(4 * expected_steps)]
+        assert all(batch["pid"] == os.getpid() for batch in batches)  # all read here
+        assert loader.epoch == epoch + 1
+
+
 def test_without_head_start_every_batch_comes_from_a_worker(tmp_path: Path) -> None:
     loader = sequential_loader(Location(str(tmp_path / "tokens"), {}), head_start=False)
     batches = list(loader)
