@@ -177,7 +177,9 @@ class RangestreamSync(_Rangestream):
         if windows.dataset == "tokens":
             assert windows.starts is not None
             got = self._reader.read(int(windows.starts[i]), windows.length)
-            return np.array(got[TOKEN_FIELD])  # unpack returns views of the window's rows
+            # a view of a buffer private to this read, as LitData's read_window returns:
+            # writable, and nothing else refers to it, so no second copy
+            return np.asarray(got[TOKEN_FIELD])
         if windows.dataset == "temporal":
             assert windows.records is not None and windows.starts is not None
             return self._storage.read_window(
@@ -217,7 +219,7 @@ class RangestreamAsync(_Rangestream):
         if windows.dataset == "tokens":
             assert windows.starts is not None
             got = await self._reader.read(int(windows.starts[i]), windows.length)
-            return np.array(got[TOKEN_FIELD])
+            return np.asarray(got[TOKEN_FIELD])  # private to this read (see the sync one)
         if windows.dataset == "temporal":
             assert windows.records is not None and windows.starts is not None
             return await self._storage.aread_window(
