@@ -218,18 +218,25 @@ def test_invalid_batch_size_and_prefetch_are_refused() -> None:
         make_dataset(4, prefetch=0)
 
 
-def test_reads_start_when_the_iterator_is_made_before_the_first_batch_is_asked_for() -> None:
+def test_the_first_read_starts_when_the_iterator_is_made_and_goes_alone() -> None:
     # In a DataLoader worker iter(dataset) runs before the start-up handshake; the open and
     # the first reads must overlap it instead of waiting for the first next().
     dataset = make_dataset(40, batch_size=4, prefetch=8, delay=0.001)
     stats = fake_of(dataset).stats
     iterator = iter(dataset)
     deadline = time.monotonic() + 5
-    while stats.started < 8 and time.monotonic() < deadline:
+    while stats.started < 4 and time.monotonic() < deadline:
         time.sleep(0.001)
+    time.sleep(0.05)  # time enough for more reads to start, if any would
     assert stats.opened == 1
-    assert stats.started == 8
+    # the first batch's read goes alone: nothing competes with what the loop waits for
+    assert stats.started == 4
     assert positions_of(next(iterator)) == epoch_order(40, seed=3, epoch=0)[:4]
+    # then the read-ahead fills the budget
+    deadline = time.monotonic() + 5
+    while stats.started < 12 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert stats.started == 12
 
 
 def test_an_iterator_dropped_before_its_first_batch_stops_its_loop_thread() -> None:

@@ -660,6 +660,9 @@ class _ReadAhead:
         self.in_flight = 0
         self._scheduling: list[Any] = []
         self._whole = 1
+        # the first read goes alone: the first batch is what a training loop waits for,
+        # and runs of several MiB read beside it would slow it down
+        self.first_pending = True
         self._runs: Iterator[tuple[int, list[list[Any]]]] = iter(())
         self._source: Any = None
 
@@ -671,7 +674,7 @@ class _ReadAhead:
 
     def fill(self) -> None:
         budget = self.dataset.prefetch
-        while True:
+        while not (self.first_pending and self.pending):
             if not self._scheduling:
                 first_step, batches = next(self._runs, (0, []))
                 if not batches:
@@ -727,6 +730,7 @@ class _PrefetchingIterator(Iterator[Any]):
                 count, read = reads.pending.popleft()
                 self._samples.extend(read.result())
                 reads.in_flight -= count
+                reads.first_pending = False
                 reads.fill()
             if len(self._samples) >= size:
                 batch = [self._samples.popleft() for _ in range(size)]
