@@ -788,6 +788,31 @@ def test_local_sync_windows_come_from_mapped_blocks_and_equal_numpy_slices(
 
 
 @pytest.mark.usefixtures("no_pread")
+def test_mapped_windows_of_a_field_alone_in_its_group_start_anywhere_in_a_chunk(
+    tmp_path: Path,
+) -> None:
+    """``features`` is copied as chunk runs: every start in a chunk, every length class."""
+    write(str(tmp_path / "ds"))
+    storage = TemporalArrayStorage(tmp_path / "ds")
+    record = ORDER.index(6)  # 300 frames, inside one block
+    chunk = FEATURE_CHUNK_ROWS
+    lengths = (1, chunk - 1, chunk, chunk + 1, 2 * chunk, 3 * chunk - 1, 150)
+    assert len(storage) == len(EXPECTED)  # opens the dataset: its requests come first
+    before = storage.stats.copy()
+    reads = 0
+    for start in range(2 * chunk + 1):
+        for frames in lengths:
+            got = storage.read_window(record, start, frames, ["features"])
+            assert_window(got, EXPECTED[record], start, frames, ["features"])
+            got["features"][:] = 0  # owned: writing it changes nothing stored
+            reads += 1
+    assert_window(storage.read_window(record, 0, 300, ["features"]), EXPECTED[record], 0, 300,
+                  ["features"])  # fmt: skip
+    spent = storage.stats - before
+    assert spent.requests == reads + 1 == spent.by_key_kind["features"]
+
+
+@pytest.mark.usefixtures("no_pread")
 def test_async_local_windows_come_from_mapped_blocks_inline_or_in_a_thread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

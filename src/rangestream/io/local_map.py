@@ -30,6 +30,7 @@ import mmap
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Hashable
 from typing import Any
 
 import numpy as np
@@ -84,14 +85,17 @@ def map_file(path: str, units: int = 0) -> MappedFile:
 
 
 class LocalMapCache:
-    """Least-recently-used mapped files by path, at most ``max_files`` of them.
+    """Least-recently-used mapped files, at most ``max_files`` of them.
+
+    Entries are keyed by path, or by any hashable ``key`` a caller gives ``open`` and then
+    ``get`` (a hot loop can look a block up by an int it computes, without making the path).
 
     Parameters
     ----------
     max_files
         Files kept mapped; opening one more drops the least recently used entry.
 
-    ``files`` (path to entry, least recently used first) and ``pid`` are public so a hot
+    ``files`` (key to entry, least recently used first) and ``pid`` are public so a hot
     loop can inline ``get``: call ``check_process()`` when ``pid`` is not
     ``current_pid()``, then look up ``files`` and ``move_to_end`` the hit.
 
@@ -105,7 +109,7 @@ class LocalMapCache:
         if isinstance(max_files, bool) or not isinstance(max_files, int) or max_files < 1:
             raise ValueError(f"max_files must be a positive integer, got {max_files!r}")
         self.max_files = max_files
-        self.files: OrderedDict[str, MappedFile] = OrderedDict()
+        self.files: OrderedDict[Hashable, MappedFile] = OrderedDict()
         self._lock = threading.Lock()
         self.pid = current_pid()
 
@@ -113,9 +117,9 @@ class LocalMapCache:
         self.check_process()
         return len(self.files)
 
-    def __contains__(self, path: str) -> bool:
+    def __contains__(self, key: Hashable) -> bool:
         self.check_process()
-        return path in self.files
+        return key in self.files
 
     def check_process(self) -> None:
         """In a forked child, drop the parent's entries and lock (done by every method)."""
@@ -124,34 +128,37 @@ class LocalMapCache:
             self._lock = threading.Lock()
             self.pid = current_pid()
 
-    def get(self, path: str) -> MappedFile | None:
+    def get(self, key: Hashable) -> MappedFile | None:
         """The mapped file if cached (now the most recently used), else ``None``."""
         if self.pid != current_pid():
             self.check_process()
         files = self.files
-        found = files.get(path)
+        found = files.get(key)
         if found is not None:
             try:  # noqa: SIM105 - contextlib.suppress costs more than the move itself
-                files.move_to_end(path)
+                files.move_to_end(key)
             except KeyError:  # dropped by another thread just now: still valid to use
                 pass
         return found
 
-    def open(self, path: str, units: int = 0) -> MappedFile:
+    def open(self, path: str, units: int = 0, key: Hashable = None) -> MappedFile:
         """The mapped file, mapping it now if needed (dropping the oldest beyond the bound).
 
-        ``units`` sizes ``MappedFile.verified`` of a new entry.
+        ``units`` sizes ``MappedFile.verified`` of a new entry; ``key`` (default: ``path``)
+        is what ``get`` finds it by. One file must always be opened under the same key.
         """
-        found = self.get(path)
+        if key is None:
+            key = path
+        found = self.get(key)
         if found is not None:
             return found
         mapped = map_file(path, units)
         with self._lock:
             files = self.files
-            found = files.get(path)
+            found = files.get(key)
             if found is not None:
                 return found  # another thread mapped it first; ours is dropped unused
-            files[path] = mapped
+            files[key] = mapped
             while len(files) > self.max_files:
                 files.popitem(last=False)  # unmapped once no array uses it any more
         return mapped

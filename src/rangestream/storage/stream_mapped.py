@@ -68,6 +68,7 @@ class MappedStreamReads:
         self.ids = [int(s) for s in opened.manifest.shard_ids]
         self.keys = [opened.manifest.array_key(s, _ARRAY) for s in self.ids]
         self.maps = LocalMapCache()
+        self.counter = opened.reader.mapped_tally(_ARRAY)
         self.paths: dict[tuple[int, int], tuple[str, str]] = {}
         self.segments: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
 
@@ -93,7 +94,9 @@ class MappedStreamReads:
         if found is None:
             return None
         key, mapped, first_chunk, end_chunk = found
-        self.opened.reader.count_mapped_read(_ARRAY, (end_chunk - first_chunk) * self.stored)
+        counter = self.counter  # count_mapped_reads of one range, deferred (mapped_tally)
+        counter[0] += 1
+        counter[1] += (end_chunk - first_chunk) * self.stored
         if self.verify and mapped.verified.find(0, first_chunk, end_chunk) >= 0:
             self._verify(key, mapped, first_chunk, end_chunk)
         data = self._copy(mapped, low, first_chunk, end_chunk, length)

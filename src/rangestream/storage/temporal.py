@@ -526,28 +526,45 @@ def _copy_rows(
 
 
 class _MappedField:
-    """How to gather one field's values out of a mapped block of its group's array.
+    """How to copy one field's values out of a mapped block of its group's array.
 
     A block is inner chunks of ``chunk_rows`` rows, each followed by its 4-byte checksum,
     so row ``i`` of a block starts at byte ``(i // chunk_rows) * stored + (i % chunk_rows)
-    * row_nbytes``. Every such offset is a multiple of ``unit`` (the largest of 4, 2, 1
-    dividing the row size), so one view with a first-axis stride of ``unit`` bytes (its
-    "rows" overlap; only the gathered ones are real) reaches the field's values of every
-    row, and a window is one fancy index with precomputed positions: it skips checksums
-    and the group's other fields in one numpy call and returns a new, owned, C-contiguous
-    array. Splitting interleaved rows into fields costs nothing extra. (Measured on 64-row
-    windows of 1 KiB rows: about 8 µs against 6 µs for a memmap slice copy, no slower
-    than copying the partial and whole chunks as three slices once their Python counts.)
+    * row_nbytes``. Two ways to reach a field's values through one cached view per block:
+
+    - The only field of its group (``whole_row``) is viewed as ``(chunks, chunk_rows,
+      *shape)``: a window is its first chunk's tail, then the following chunks as one
+      strided copy whose inner runs are whole contiguous chunks (two numpy copies, close to
+      a memmap slice's one, whatever the window's length).
+    - A field interleaved with others is viewed with a first-axis stride of ``unit`` bytes
+      (the largest of 4, 2, 1 dividing the row size; the "rows" overlap, only the gathered
+      ones are real), and a window is one fancy index with precomputed positions: it skips
+      checksums and the group's other fields in one call. Its rows are narrow, so the
+      gather's per-row cost is small next to the calls the chunk copy would take.
     """
 
-    __slots__ = ("dtype", "inner_strides", "name", "nbytes", "offset", "shape", "unit")
+    __slots__ = (
+        "chunk_rows",
+        "dtype",
+        "inner_strides",
+        "name",
+        "nbytes",
+        "offset",
+        "shape",
+        "stored",
+        "unit",
+        "whole_row",
+    )
 
-    def __init__(self, output: _FieldOutput, unit: int) -> None:
+    def __init__(self, output: _FieldOutput, group: _GroupArray, unit: int) -> None:
         self.name = output.name
         self.dtype = output.dtype
         self.shape = output.shape
         self.offset = output.offset
         self.nbytes = output.nbytes  # per frame
+        self.whole_row = output.whole_row
+        self.chunk_rows = group.chunk_rows
+        self.stored = group.stored
         self.unit = unit
         strides = [output.dtype.itemsize]  # C order within the field's trailing shape
         for size in reversed(output.shape[1:]):
@@ -555,17 +572,26 @@ class _MappedField:
         self.inner_strides = tuple(strides[: len(output.shape)])
 
     def view(self, mapped: MappedFile) -> np.ndarray:
-        """The field's overlapping-rows view over all of ``mapped`` (cached there)."""
+        """The field's view over all of ``mapped`` (cached there): chunks or unit rows."""
         found = mapped.views.get(self)
         if found is None:
-            rows = max(0, (mapped.size - self.offset - self.nbytes) // self.unit + 1)
-            found = np.ndarray(
-                (rows, *self.shape),
-                dtype=self.dtype,
-                buffer=mapped.data,
-                offset=self.offset if rows else 0,
-                strides=(self.unit, *self.inner_strides),
-            )
+            if self.whole_row:
+                chunks = mapped.size // self.stored
+                found = np.ndarray(
+                    (chunks, self.chunk_rows, *self.shape),
+                    dtype=self.dtype,
+                    buffer=mapped.data,
+                    strides=(self.stored, self.nbytes, *self.inner_strides),
+                )
+            else:
+                rows = max(0, (mapped.size - self.offset - self.nbytes) // self.unit + 1)
+                found = np.ndarray(
+                    (rows, *self.shape),
+                    dtype=self.dtype,
+                    buffer=mapped.data,
+                    offset=self.offset if rows else 0,
+                    strides=(self.unit, *self.inner_strides),
+                )
             mapped.views[self] = found
         return found
 
@@ -578,27 +604,39 @@ class _MappedGroup:
         "chunk_rows",
         "chunk_units",
         "chunks_per_block",
+        "counter",
         "gather_rows",
         "group",
         "keys",
         "kind",
+        "number",
         "paths",
         "positions",
         "store",
         "stored",
+        "stride",
         "unit",
+        "whole_row",
     )
 
-    def __init__(self, group: _GroupArray, store: LocalStore) -> None:
+    def __init__(
+        self, group: _GroupArray, number: int, groups: int, store: LocalStore, reader: RangeReader
+    ) -> None:
         self.group = group
+        # a block's key in the mapping cache is ((part << 40) + block) * stride + number:
+        # an int made without building the path, unique across groups, shards and blocks
+        self.number = number
+        self.stride = groups
         self.store = store
         self.kind = group.spec.array  # the array name the counters use
+        self.counter = reader.mapped_tally(self.kind)  # [requests, bytes] of this array
         self.block_rows = group.block_rows
         self.chunk_rows = group.chunk_rows
         self.chunks_per_block = -(-group.block_rows // group.chunk_rows)
         self.stored = group.stored
         self.unit = 4 if group.row_nbytes % 4 == 0 else 2 if group.row_nbytes % 2 == 0 else 1
         self.chunk_units = group.stored // self.unit
+        self.whole_row = not group.spec.interleaved  # one field: copied as chunk runs
         self.keys = group.keys
         self.paths: tuple[dict[int, tuple[str, str]], ...] = tuple({} for _ in group.keys)
         # windows whose rows, counted from a block's start (or, past that, from the
@@ -661,7 +699,11 @@ class _MappedWindows:
         self.reader = reader
         self.verify = verify
         self.describe = store.describe
-        self.groups = tuple(_MappedGroup(group, store) for group in index.groups)
+        groups = len(index.groups)
+        self.groups = tuple(
+            _MappedGroup(group, number, groups, store, reader)
+            for number, group in enumerate(index.groups)
+        )
         self.fields: dict[tuple[int, str], _MappedField] = {}
         self.plans: dict[tuple[str, ...] | None, _MappedPlan] = {}
         self.records = len(index.frame_counts)
@@ -686,8 +728,9 @@ class _MappedWindows:
         """One ``_MappedField`` per field, so every plan shares the views cached per block."""
         found = self.fields.get((number, output.name))
         if found is None:
+            group = self.groups[number]
             found = self.fields[(number, output.name)] = _MappedField(
-                output, self.groups[number].unit
+                output, group.group, group.unit
             )
         return found
 
@@ -714,7 +757,7 @@ class _MappedWindows:
         if maps.pid != current_pid():
             maps.check_process()  # a forked child maps its own files
         files = maps.files
-        verify = self.verify
+        part_key = part << 40
         result = {}
         spent = []
         for group, group_fields in plan.groups:
@@ -727,45 +770,66 @@ class _MappedWindows:
             chunk_rows = group.chunk_rows
             first_chunk = low // chunk_rows
             end_chunk = (high - 1) // chunk_rows + 1
-            if high <= group.gather_rows:
-                positions = group.positions[low:high]
-                shift = 0
+            skip = low - first_chunk * chunk_rows  # rows of the first chunk before the window
+            shift = 0  # where the positions start in the field's unit-rows view
+            if group.whole_row:
+                positions = None
+            elif high <= group.gather_rows:
+                positions = group.positions[low:high]  # counted from the block's start
             else:
-                skip = low - first_chunk * chunk_rows
                 if skip + frames > group.gather_rows:
                     return None  # longer than the gather positions
-                positions = group.positions[skip : skip + frames]
+                positions = group.positions[skip : skip + frames]  # from the first chunk's
                 shift = first_chunk * group.chunk_units
-            key, path = group.paths[part].get(block) or group.block(part, block)
-            mapped = files.get(path)
+            cache_key = (part_key + block) * group.stride + group.number
+            mapped = files.get(cache_key)
             if mapped is None:
                 try:
-                    mapped = maps.open(path, group.chunks_per_block)
+                    mapped = maps.open(
+                        group.block(part, block)[1], group.chunks_per_block, cache_key
+                    )
                 except OSError:
                     return None  # missing or unreadable: the generic path names it
             else:
                 try:  # noqa: SIM105 - contextlib.suppress costs more than the move itself
-                    files.move_to_end(path)
+                    files.move_to_end(cache_key)
                 except KeyError:  # dropped by another thread just now: still valid to use
                     pass
             if end_chunk * group.stored > mapped.size:
                 return None  # shorter than the layout says: the generic path reports it
-            spent.append((group.kind, (end_chunk - first_chunk) * group.stored))
-            if verify and mapped.verified.find(0, first_chunk, end_chunk) >= 0:
+            spent.append((group.counter, (end_chunk - first_chunk) * group.stored))
+            if self.verify and mapped.verified.find(0, first_chunk, end_chunk) >= 0:
                 try:
-                    self._verify(group, key, mapped, first_chunk, end_chunk)
+                    self._verify(group, group.block(part, block)[0], mapped, first_chunk, end_chunk)
                 except ChecksumError:
-                    self.reader.count_mapped_reads(spent)  # the reads happened, then failed
+                    _count(spent)  # the reads happened, then failed
                     raise
             views = mapped.views
             for field in group_fields:
                 view = views.get(field)
                 if view is None:
                     view = field.view(mapped)
-                if shift:
-                    view = view[shift:]
-                result[field.name] = view[positions]
-        self.reader.count_mapped_reads(spent)
+                if positions is not None:
+                    result[field.name] = (view[shift:] if shift else view)[positions]
+                    continue
+                # the field alone in its group: the first chunk's tail, then whole chunks
+                head = chunk_rows - skip
+                if head >= frames:
+                    result[field.name] = view[first_chunk, skip : skip + frames].copy()
+                    continue
+                whole = (frames - head + chunk_rows - 1) // chunk_rows
+                shape = field.shape
+                out = np.empty((head + whole * chunk_rows, *shape), field.dtype)
+                out[:head] = view[first_chunk, skip:]
+                out[head:].reshape(whole, chunk_rows, *shape)[...] = view[
+                    first_chunk + 1 : first_chunk + 1 + whole
+                ]
+                if head + whole * chunk_rows != frames:
+                    out.resize((frames, *shape), refcheck=False)  # in place: stays owned
+                result[field.name] = out
+        for counter, nbytes in spent:  # _count, written out: it runs for every window
+            counter[0] += 1
+            counter[1] += nbytes
         if plan.reorder:
             result = {name: result[name] for name in plan.order}
         return result
@@ -781,6 +845,13 @@ class _MappedWindows:
                 f"{self.describe(key)} bytes [{first * stored}, {end * stored}): "
                 f"checksum mismatch in inner chunk {bad} of the block"
             )
+
+
+def _count(spent: list[tuple[list[int], int]]) -> None:
+    """Count mapped reads as the ``pread`` each replaces (``RangeReader.mapped_tally``)."""
+    for counter, nbytes in spent:
+        counter[0] += 1
+        counter[1] += nbytes
 
 
 #: Guards making a storage's per-process state, so concurrent first reads share it.
