@@ -38,7 +38,14 @@ from benchmarks.config import (
     TEMPORAL_GROUPS,
     RunConfig,
 )
-from benchmarks.systems.base import Location, Support, System, Unavailable, run_lanes
+from benchmarks.systems.base import (
+    Location,
+    Support,
+    System,
+    Unavailable,
+    read_temporal_windows,
+    run_lanes,
+)
 from benchmarks.workloads import (
     TEMPORAL_SPECS,
     TOKEN_DTYPE,
@@ -276,6 +283,9 @@ class LitDataWindow(_LitData):
 
     def read(self, windows: WindowSet, ids: np.ndarray, concurrency: int) -> int:
         if concurrency == 1:
+            if windows.dataset == "temporal":  # the loop raw-memmap's temporal read runs
+                assert self._ds is not None
+                return read_temporal_windows(self._ds.read_window, windows, ids)
             return sum(_nbytes(self._window_sync(windows, i)) for i in ids.tolist())
         assert self._loop is not None
         return self._loop.run_until_complete(self._read_async(windows, ids, concurrency))

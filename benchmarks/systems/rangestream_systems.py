@@ -41,6 +41,7 @@ from benchmarks.systems.base import (
     System,
     Unavailable,
     payload_nbytes,
+    read_temporal_windows,
     run_lanes,
 )
 from benchmarks.workloads import (
@@ -193,6 +194,14 @@ class RangestreamSync(_Rangestream):
         return self._window(windows, i)
 
     def read(self, windows: WindowSet, ids: np.ndarray, concurrency: int) -> int:
+        if windows.dataset == "temporal":  # the loop raw-memmap's temporal read runs
+            return read_temporal_windows(self._storage.read_window, windows, ids)
+        if windows.dataset == "tokens":  # likewise: starts converted at once, as raw-memmap
+            assert windows.starts is not None
+            read, length, total = self._reader.read, windows.length, 0
+            for start in windows.starts[ids].tolist():
+                total += read(start, length)[TOKEN_FIELD].nbytes
+            return total
         return sum(payload_nbytes(self._window(windows, i)) for i in ids.tolist())
 
 
