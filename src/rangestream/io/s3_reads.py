@@ -1,4 +1,4 @@
-"""Lean S3 reads: range GETs over aiohttp, signed by botocore's SigV4 signer, no botocore client.
+"""Lean S3 reads: range GETs over aiohttp, SigV4-signed as botocore signs them, no botocore client.
 
 Why this exists: through s3fs/aiobotocore a range GET costs about 1.5-3 ms of client CPU
 (botocore's request pipeline: parameter validation, event hooks, response parsing), against
@@ -8,6 +8,8 @@ models. On 2-core machines that CPU is what limits S3 reads and a DataLoader's t
 batch. ``FsspecStore`` therefore sends its reads (``get_range``, ``get_suffix``, ``get``,
 ``size``, ``exists``) of ``s3://`` / ``s3a://`` URLs through ``S3ReadClient`` and keeps s3fs
 for writes, listings and deletes. Neither s3fs nor aiobotocore is imported for reads.
+Requests are signed by ``rangestream.io.sigv4`` (botocore's headers, at a tenth of the cost
+of its signer, which was a quarter of the client's CPU per request).
 
 Only storage options whose meaning this module reproduces exactly are accepted
 (``lean_read_config``); anything else (``requester_pays``, SSE-C in ``s3_additional_kwargs``,
@@ -50,6 +52,7 @@ from urllib.parse import quote
 
 from rangestream.io.loop import current_pid
 from rangestream.io.retry import ShortReadError
+from rangestream.io.sigv4 import SigV4Signer
 
 #: Environment switch: ``s3fs`` sends S3 reads through s3fs; anything else (or unset) is lean.
 READS_ENV = "RANGESTREAM_S3_READS"
@@ -303,7 +306,7 @@ class S3ReadClient:
         self._aws_endpoint = config.endpoint_url is None
         self._bucket_regions: dict[str, str] = {}
         self._static = None if config.anon else _static_credentials(config)
-        self._signers: dict[str, Any] = {}
+        self._signers: dict[str, SigV4Signer] = {}
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(
                 limit=config.max_connections, limit_per_host=0, ttl_dns_cache=300
@@ -400,9 +403,15 @@ class S3ReadClient:
         return f"{endpoint}/{quote(bucket)}/{path}", region
 
     def _signed(self, method: str, url: str, region: str, headers: dict[str, str]) -> Any:
+        """``headers`` plus the SigV4 headers, as botocore's ``S3SigV4Auth`` would add them.
+
+        ``SigV4Signer`` (``rangestream.io.sigv4``) signs the requests this client sends at a
+        tenth of botocore's cost; a URL it does not handle (one with a query string) is
+        signed by botocore.
+        """
         if self.config.anon:
             return headers
-        credentials = self._static
+        credentials: Any = self._static
         if credentials is None:
             chain = _chain_credentials()
             if chain is None:
@@ -410,13 +419,21 @@ class S3ReadClient:
 
                 raise NoCredentialsError()
             credentials = chain.get_frozen_credentials()  # refreshed here when due
-            signer = self._signer_class(credentials, "s3", region)
+            signer = SigV4Signer(
+                credentials.access_key, credentials.secret_key, credentials.token, region
+            )
         else:
             signer = self._signers.get(region)
             if signer is None:
-                signer = self._signers[region] = self._signer_class(credentials, "s3", region)
+                signer = self._signers[region] = SigV4Signer(
+                    credentials.access_key, credentials.secret_key, credentials.token, region
+                )
+        try:
+            return signer.sign(method, url, headers)
+        except ValueError:
+            pass  # outside the fast signer's scope
         request = self._request_class(method=method, url=url, headers=headers)
-        signer.add_auth(request)
+        self._signer_class(credentials, "s3", region).add_auth(request)
         return request.headers.items()
 
     async def _send(
