@@ -76,9 +76,9 @@ def test_the_signing_key_follows_the_day(monkeypatch: pytest.MonkeyPatch) -> Non
 
 def test_without_a_timestamp_it_signs_for_now() -> None:
     signer = SigV4Signer("AKIDEXAMPLE", SECRET, None, "us-east-1")
-    before = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S")
+    before = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S")
     stamp = dict(signer.sign("GET", URLS[0], {}))["X-Amz-Date"]
-    after = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S")
+    after = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S")
     assert before <= stamp[:-1] <= after and stamp.endswith("Z")
 
 
