@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 
 .PHONY: demo test lint bench install
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml setup.py src/rangestream/layout/_chunked.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "torch==$(TORCH_VERSION)"

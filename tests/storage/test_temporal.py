@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import zarr
+from support.copies import Copies
 from support.s3 import Location
 
 from rangestream import (
@@ -776,18 +777,21 @@ def no_pread(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.usefixtures("no_pread")
 def test_local_sync_windows_come_from_mapped_blocks_and_equal_numpy_slices(
-    tmp_path: Path,
+    tmp_path: Path, copies: Copies
 ) -> None:
     write(str(tmp_path / "ds"))
     storage = TemporalArrayStorage(tmp_path / "ds")
+    fields_read = 0
     for fields in [*SELECTIONS, ["pose", "features", "valid"], ["valid"]]:
         for record, start, frames in random_windows(25, seed=11):
             got = storage.read_window(record, start, frames, fields)
             assert_window(got, EXPECTED[record], start, frames, fields)
+            fields_read += len(got)
     assert storage.read_window(2, 0, 5, []) == {}
+    assert copies.calls == (fields_read if copies.kind == "compiled" else 0)
 
 
-@pytest.mark.usefixtures("no_pread")
+@pytest.mark.usefixtures("no_pread", "copies")
 def test_mapped_windows_of_a_field_alone_in_its_group_start_anywhere_in_a_chunk(
     tmp_path: Path,
 ) -> None:
@@ -812,7 +816,7 @@ def test_mapped_windows_of_a_field_alone_in_its_group_start_anywhere_in_a_chunk(
     assert spent.requests == reads + 1 == spent.by_key_kind["features"]
 
 
-@pytest.mark.usefixtures("no_pread")
+@pytest.mark.usefixtures("no_pread", "copies")
 def test_async_local_windows_come_from_mapped_blocks_inline_or_in_a_thread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -831,7 +835,7 @@ def test_async_local_windows_come_from_mapped_blocks_inline_or_in_a_thread(
         assert_window(second, EXPECTED[record], start, frames, ["pose", "features"])
 
 
-@pytest.mark.usefixtures("no_pread")
+@pytest.mark.usefixtures("no_pread", "copies")
 def test_a_corrupted_chunk_is_detected_on_its_first_read_from_a_mapping(tmp_path: Path) -> None:
     write(str(tmp_path / "ds"))
     block = block_file(tmp_path / "ds", 0, "features", 0)
@@ -847,6 +851,7 @@ def test_a_corrupted_chunk_is_detected_on_its_first_read_from_a_mapping(tmp_path
     assert_window(storage.read_window(1, 0, 30), EXPECTED[1], 0, 30, None)  # chunk 0 is intact
 
 
+@pytest.mark.usefixtures("copies")
 def test_each_mapped_inner_chunk_is_verified_once_per_process(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -872,6 +877,7 @@ def test_each_mapped_inner_chunk_is_verified_once_per_process(
     assert checked == [FEATURE_STORED] * 3
 
 
+@pytest.mark.usefixtures("copies")
 def test_a_block_shorter_than_its_layout_fails_only_for_the_missing_chunks(tmp_path: Path) -> None:
     write(str(tmp_path / "ds"))
     block = block_file(tmp_path / "ds", 0, "features", 0)
@@ -893,7 +899,7 @@ def _read_mapped_in_child(window: tuple[int, int, int]) -> dict[str, np.ndarray]
     return _MAPPED.read_window(*window, ["pose", "features"])
 
 
-@pytest.mark.usefixtures("no_pread")
+@pytest.mark.usefixtures("no_pread", "copies")
 def test_a_forked_child_reads_mapped_windows_through_its_own_mappings(tmp_path: Path) -> None:
     global _MAPPED
     write(str(tmp_path / "ds"))
@@ -913,7 +919,7 @@ def test_a_forked_child_reads_mapped_windows_through_its_own_mappings(tmp_path: 
         assert_window(again, EXPECTED[record], start, frames, ["pose", "features"])
 
 
-@pytest.mark.usefixtures("no_pread")
+@pytest.mark.usefixtures("no_pread", "copies")
 def test_windows_past_the_gather_positions_are_counted_from_their_first_chunk(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -932,6 +938,7 @@ def test_windows_past_the_gather_positions_are_counted_from_their_first_chunk(
     assert_window(storage.read_window(5, 100, 30), EXPECTED[5], 100, 30, None)
 
 
+@pytest.mark.usefixtures("copies")
 def test_threads_reading_while_the_bounded_cache_drops_blocks_get_exact_windows(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -1,0 +1,147 @@
+"""The compiled row copy equals numpy's, for whole rows and interleaved fields, and refuses
+anything outside its buffers instead of reading or writing past them."""
+
+from __future__ import annotations
+
+import mmap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rangestream.layout import chunked
+from rangestream.layout.block import ArrayLayout, encode_block
+
+NOT_BUILT = (
+    "the compiled helper rangestream.layout._chunked is not built: "
+    "install a C compiler and reinstall rangestream (pip install -e .)"
+)
+
+
+@pytest.fixture
+def copy_rows() -> chunked.CopyRows:
+    """The compiled ``copy_rows``; its absence fails rather than skips (as CI must see it)."""
+    assert chunked.copy_rows is not None, NOT_BUILT
+    return chunked.copy_rows
+
+
+def block_of(rows: np.ndarray, chunk_rows: int) -> tuple[np.ndarray, int]:
+    """A block's inner chunks as the writer stores them, each with its crc, and their stride.
+
+    The chunk index after them is cut off, so a read past the last chunk is past the buffer.
+    """
+    row_nbytes = rows.shape[1]
+    chunks = -(-len(rows) // chunk_rows)
+    layout = ArrayLayout(np.dtype(np.uint8), (row_nbytes,), chunk_rows, chunks * chunk_rows)
+    stored = layout.stored_chunk_nbytes
+    encoded = np.frombuffer(encode_block(layout, rows), np.uint8)
+    return encoded[: chunks * stored], stored
+
+
+def expected(rows: np.ndarray, start: int, count: int, low: int, high: int) -> np.ndarray:
+    return np.ascontiguousarray(rows[start : start + count, low:high])
+
+
+@pytest.mark.parametrize(("row_nbytes", "chunk_rows"), [(1, 1), (5, 3), (37, 32), (64, 8)])
+def test_every_window_of_whole_rows_and_of_each_field_equals_numpy(
+    copy_rows: chunked.CopyRows, row_nbytes: int, chunk_rows: int
+) -> None:
+    total = 5 * chunk_rows + 2  # a partial last chunk
+    rows = np.random.default_rng(row_nbytes).integers(0, 256, (total, row_nbytes), np.uint8)
+    source, stored = block_of(rows, chunk_rows)
+    fields = [(0, row_nbytes), (0, 1), (row_nbytes - 1, 1), (row_nbytes // 3, row_nbytes // 2)]
+    for low, nbytes in fields:
+        if nbytes <= 0:
+            continue
+        for start in range(total):
+            for count in {1, chunk_rows, chunk_rows + 1, total - start}:
+                if start + count > total:
+                    continue
+                target = np.full((count, nbytes), 0xEE, np.uint8)
+                copy_rows(source, target, start, count, chunk_rows, stored, row_nbytes, low, nbytes)
+                want = expected(rows, start, count, low, low + nbytes)
+                np.testing.assert_array_equal(target, want)
+
+
+def test_typed_targets_get_the_field_values(copy_rows: chunked.CopyRows) -> None:
+    """The use in temporal windows: a ``(frames, 7)`` float32 field at byte 9 of 37."""
+    records = np.zeros(
+        100, dtype=np.dtype([("clock", "<f8"), ("valid", "?"), ("pose", "<f4", (7,))])
+    )
+    records["clock"] = np.arange(100) * 0.5
+    records["pose"] = np.arange(700, dtype=np.float32).reshape(100, 7)
+    rows = records.view(np.uint8).reshape(100, 37)
+    source, stored = block_of(rows, 32)
+    pose = np.empty((50, 7), np.float32)
+    copy_rows(source, pose, 30, 50, 32, stored, 37, 9, 28)
+    np.testing.assert_array_equal(pose, records["pose"][30:80])
+    clock = np.empty(50, "<f8")
+    copy_rows(source, clock, 30, 50, 32, stored, 37, 0, 8)
+    np.testing.assert_array_equal(clock, records["clock"][30:80])
+
+
+def test_a_mapped_file_is_a_valid_source_and_stays_open_while_exported(
+    copy_rows: chunked.CopyRows, tmp_path: Path
+) -> None:
+    rows = np.arange(64 * 16, dtype=np.uint8).reshape(64, 16)
+    source, stored = block_of(rows, 8)
+    path = tmp_path / "block"
+    path.write_bytes(source.tobytes())
+    with open(path, "rb") as handle:
+        mapping = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+    target = np.empty((20, 16), np.uint8)
+    copy_rows(mapping, target, 5, 20, 8, stored, 16, 0, 16)
+    np.testing.assert_array_equal(target, rows[5:25])
+    mapping.close()  # nothing is exported after the call: closing works
+
+
+@pytest.mark.parametrize(
+    ("start", "count", "low", "nbytes", "target_rows"),
+    [
+        (0, 65, 0, 16, 65),  # one row past the block
+        (60, 5, 0, 16, 5),  # ends past the block
+        (-1, 2, 0, 16, 2),  # negative start
+        (0, 0, 0, 16, 0),  # no rows
+        (0, 4, 10, 8, 4),  # the field reaches past its row
+        (0, 4, -1, 4, 4),  # negative field offset
+        (0, 4, 0, 16, 3),  # target one row short
+        (0, 4, 0, 16, 5),  # target one row long
+        (2**62, 2, 0, 16, 2),  # offsets that would overflow
+        (0, 2**62, 0, 16, 2),
+    ],
+)
+def test_rows_or_targets_that_do_not_fit_raise_before_copying(
+    copy_rows: chunked.CopyRows, start: int, count: int, low: int, nbytes: int, target_rows: int
+) -> None:
+    rows = np.arange(64 * 16, dtype=np.uint8).reshape(64, 16)
+    source, stored = block_of(rows, 8)
+    target = np.full(target_rows * nbytes, 0xEE, np.uint8)
+    with pytest.raises(ValueError, match="do not fit"):
+        copy_rows(source, target, start, count, 8, stored, 16, low, nbytes)
+    assert (target == 0xEE).all()
+
+
+@pytest.mark.parametrize(
+    ("chunk_rows", "stored", "row_nbytes"),
+    [(0, 132, 16), (8, 100, 16), (8, 132, 0), (2**40, 132, 16), (8, 2**62, 16)],
+)
+def test_impossible_geometry_raises(
+    copy_rows: chunked.CopyRows, chunk_rows: int, stored: int, row_nbytes: int
+) -> None:
+    source = np.zeros(8 * 132, np.uint8)
+    target = np.empty(10 * 16, np.uint8)
+    with pytest.raises(ValueError, match="do not fit"):  # rows 0..9: across a chunk
+        copy_rows(source, target, 0, 10, chunk_rows, stored, row_nbytes, 0, 16)
+
+
+def test_wrong_arguments_raise_type_errors(copy_rows: chunked.CopyRows) -> None:
+    source = np.zeros(132, np.uint8)
+    target = np.empty(16, np.uint8)
+    with pytest.raises(TypeError, match="9 arguments, 3 given"):
+        copy_rows(source, target, 0)  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        copy_rows(source, target, 0.5, 1, 8, 132, 16, 0, 16)  # type: ignore[arg-type]
+    with pytest.raises(BufferError):  # bytes are read-only: not a target
+        copy_rows(source, bytes(16), 0, 1, 8, 132, 16, 0, 16)
+    with pytest.raises((TypeError, BufferError, ValueError)):  # a strided view: not contiguous
+        copy_rows(source, np.empty(32, np.uint8)[::2], 0, 1, 8, 132, 16, 0, 16)
