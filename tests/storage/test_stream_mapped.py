@@ -12,12 +12,15 @@ from typing import Any
 
 import numpy as np
 import pytest
+from support.copies import Copies
 
 import rangestream.layout.block as block
 from rangestream import StreamNumpyFormat, StreamStorage
 from rangestream.errors import ChecksumError, TruncatedObjectError
 from rangestream.io.store import LocalStore, ObjectStore
 from rangestream.storage.stream_mapped import MappedStreamReads
+
+pytestmark = pytest.mark.usefixtures("copies")  # each test with compiled and numpy copies
 
 TOKENS = np.dtype([("tokens", "<i4"), ("loss_mask", "u1")])
 # 16 rows (80 B) per inner chunk, 4 chunks (64 rows) per block: windows cross both
@@ -58,7 +61,9 @@ def windows(total: int, count: int, seed: int) -> list[tuple[int, int]]:
     return [(int(rng.integers(0, total - n + 1)), int(n)) for n in lengths]
 
 
-def test_reads_equal_the_pread_path_in_elements_segments_and_counts(tmp_path: Path) -> None:
+def test_reads_equal_the_pread_path_in_elements_segments_and_counts(
+    tmp_path: Path, copies: Copies
+) -> None:
     truth = write(tmp_path / "ds")
     mapped = StreamStorage(tmp_path / "ds", StreamNumpyFormat(TOKENS))
     plain = PreadStorage(tmp_path / "ds", StreamNumpyFormat(TOKENS))
@@ -81,6 +86,7 @@ def test_reads_equal_the_pread_path_in_elements_segments_and_counts(tmp_path: Pa
         assert fast.stats.by_key_kind == slow.stats.by_key_kind
         # the mapped path really served the in-block windows: its blocks are mapped
         assert len(fast._mapped_reads().maps) > 0
+        assert (copies.calls > 0) == (copies.kind == "compiled")
 
 
 def test_segments_name_the_shard_and_windows_across_shards_or_blocks_still_read(

@@ -3,9 +3,10 @@
 A sync read through the generic program costs a ``pread`` into fresh ``bytes``, a crc32c
 pass over every fetched chunk and a copy that drops the checksum trailers: about 18 µs for a
 random 2049-token window, against under 3 µs for a numpy memmap slice of the same bytes.
-Here a window is copied out of a mapped block with at most three numpy copies (the partial
-first inner chunk, the whole ones, the partial last one), and each inner chunk's crc32c is
-checked the first time this process reads it, then trusted: committed blocks never change.
+Here a window is copied out of a mapped block in one call of the compiled
+``chunked.copy_rows`` (or, without it, one numpy copy of the whole inner chunks), and each
+inner chunk's crc32c is checked the first time this process reads it, then trusted:
+committed blocks never change.
 A damaged chunk is never marked verified, so every read that touches it keeps failing.
 
 Requests and bytes are counted exactly as the ``pread`` path would have counted them (the
@@ -27,6 +28,7 @@ from rangestream.errors import ChecksumError
 from rangestream.io.local_map import LocalMapCache, MappedFile
 from rangestream.io.ranges import RangeRequest, coalesce
 from rangestream.io.store import LocalStore
+from rangestream.layout import chunked
 from rangestream.layout.block import first_bad_mapped_chunk
 
 if TYPE_CHECKING:
@@ -61,6 +63,7 @@ class MappedStreamReads:
         self.chunks_per_block = layout.chunks_per_block
         self.chunk_nbytes = layout.chunk_nbytes
         self.itemsize = layout.row_nbytes
+        self.copy_rows = chunked.copy_rows  # None without the compiled helper: numpy copies
         self.verify = opened.storage.verify_checksums
         self.gap = opened.reader.coalesce_gap
         self.max_bytes = opened.reader.max_coalesced_bytes
@@ -213,12 +216,20 @@ class MappedStreamReads:
     def _copy(
         self, mapped: MappedFile, low: int, first_chunk: int, end_chunk: int, length: int
     ) -> np.ndarray:
-        """Elements ``[low, low + length)`` of a block, as a view of a new buffer.
+        """Elements ``[low, low + length)`` of a block, in a new array or a view of one.
 
-        The buffer holds the whole inner chunks the read touches, copied in one numpy call
+        With the compiled ``chunked.copy_rows``, exactly the elements, in one call. With
+        numpy, the buffer holds the whole inner chunks the read touches, copied in one call
         (a partial chunk at each end would cost two more): at most two chunks more than the
         window, and the generic path returns views of its buffers too.
         """
+        copy_rows = self.copy_rows
+        if copy_rows is not None:
+            itemsize = self.itemsize
+            out = np.empty(length, dtype=self.dtype)
+            copy_rows(mapped.data, out, low, length, self.chunk_rows, self.stored, itemsize, 0,
+                      itemsize)  # fmt: skip
+            return out
         chunks = mapped.views.get(self)
         if chunks is None:
             chunks = self._chunks(mapped)
