@@ -110,8 +110,8 @@ TEMPORAL_WINDOW_FIELDS = ("features", "pose")
 
 
 def _format_versions() -> tuple[int, ...]:
-    from rangestream.formats.temporal import SCHEMA_VERSION
     from rangestream.layout.manifest import FORMAT_VERSION
+    from rangestream.storage.temporal.schema import SCHEMA_VERSION
 
     return (FORMAT_VERSION, SCHEMA_VERSION)
 

@@ -13,10 +13,10 @@ from rangestream.errors import (
     RetriesExhaustedError,
     StorageError,
 )
+from rangestream.io import ObjectStore, S3Store
 from rangestream.io.range_reader import RangeReader, set_process_max_concurrency
 from rangestream.io.ranges import RangeRequest, SuffixRequest
 from rangestream.io.retry import RetryPolicy
-from rangestream.io.store import FsspecStore, ObjectStore
 
 FAST_RETRY = RetryPolicy(max_attempts=4, base_delay=0.001, max_delay=0.002, request_timeout=5)
 
@@ -205,7 +205,7 @@ def test_cancelling_a_read_cancels_and_drains_its_requests() -> None:
 
 
 def test_an_unreachable_endpoint_fails_with_its_name_after_bounded_retries() -> None:
-    store = FsspecStore(
+    store = S3Store(
         "s3://bucket/ds",
         {
             "key": "k",
@@ -231,41 +231,41 @@ def test_an_unreachable_endpoint_fails_with_its_name_after_bounded_retries() -> 
     assert "very-secret-value" not in message
 
 
-# -- ranges served from memory maps: counted through a deferred tally ------------------
+# -- counts bumped in place (mapped reads): in the reader's and the process's stats ------
 
 
 def _process_totals() -> tuple[int, int, int]:
-    from rangestream.io.range_reader import process_io_stats
+    from rangestream.io.stats import process_io_stats
 
     stats = process_io_stats()
     return stats.requests, stats.bytes, stats.by_key_kind.get("mapped-kind", 0)
 
 
-def test_mapped_tally_is_in_the_stats_whenever_they_are_read() -> None:
+def test_counts_bumped_in_place_are_in_the_stats_whenever_they_are_read() -> None:
     reader = RangeReader(ScriptedStore({}))
     before = _process_totals()
-    counter = reader.mapped_tally("mapped-kind")
-    assert reader.mapped_tally("mapped-kind") is counter  # one counter per kind
+    counter = reader.counter.of("mapped-kind")
+    assert reader.counter.of("mapped-kind") is counter  # one counter per kind
     counter[0] += 2
     counter[1] += 300
     stats = reader.stats
     assert (stats.requests, stats.bytes) == (2, 300)
     assert stats.by_key_kind == {"mapped-kind": 2}
     assert stats.bytes_by_key_kind == {"mapped-kind": 300}
-    assert reader.stats.requests == 2  # folded once, not again
+    assert reader.stats.requests == 2  # counted once, not again
     counter[0] += 1
     counter[1] += 5
-    after = _process_totals()  # the process's totals fold the tally too
+    after = _process_totals()  # the process's totals include them too
     assert after == (before[0] + 3, before[1] + 305, before[2] + 3)
     assert reader.stats.requests == 3 and reader.stats.bytes == 305
 
 
-def test_mapped_tally_of_a_collected_reader_still_reaches_the_process_totals() -> None:
+def test_counts_of_a_collected_reader_still_reach_the_process_totals() -> None:
     import gc
 
     reader = RangeReader(ScriptedStore({}))
     before = _process_totals()
-    counter = reader.mapped_tally("mapped-kind")
+    counter = reader.counter.of("mapped-kind")
     counter[0] += 4
     counter[1] += 40
     del reader, counter
@@ -273,26 +273,11 @@ def test_mapped_tally_of_a_collected_reader_still_reaches_the_process_totals() -
     assert _process_totals() == (before[0] + 4, before[1] + 40, before[2] + 4)
 
 
-def test_replacing_a_readers_stats_keeps_what_was_counted_before() -> None:
-    from rangestream.io.range_reader import IOStats
-
-    reader = RangeReader(ScriptedStore({}))
-    counter = reader.mapped_tally("mapped-kind")
-    counter[0] += 1
-    counter[1] += 10
-    old = reader.stats
-    reader.stats = replacement = IOStats()
-    assert old.requests == 1  # folded into the stats it was counted under
-    counter[0] += 1
-    counter[1] += 7
-    assert reader.stats is replacement and (replacement.requests, replacement.bytes) == (1, 7)
-
-
-def test_mapped_counts_made_before_a_fork_stay_the_parents() -> None:
+def test_counts_made_before_a_fork_stay_the_parents() -> None:
     import os
 
     reader = RangeReader(ScriptedStore({}))
-    counter = reader.mapped_tally("mapped-kind")
+    counter = reader.counter.of("mapped-kind")
     counter[0] += 5
     counter[1] += 50
     before = _process_totals()
@@ -310,5 +295,5 @@ def test_mapped_counts_made_before_a_fork_stay_the_parents() -> None:
     os.close(read)
     os.waitpid(pid, 0)
     assert child == repr((1, 1, 1))
-    assert _process_totals() == before  # the parent folded its 5 before forking
+    assert _process_totals() == before  # the parent's totals are its own
     assert before[2] >= 5

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from rangestream import DocumentStorage, StreamNumpyFormat, StreamStorage
-from rangestream.io.loop import run_sync
-from rangestream.io.store import LocalStore, ObjectStore, open_store
+from rangestream.io import LocalStore, ObjectStore, open_store
+from rangestream.io.process import run_blocking as run_sync
 from rangestream.layout.block import ArrayLayout
 from rangestream.types import DocumentStorageFormat
 

@@ -22,7 +22,7 @@ from support.s3 import Location
 
 from rangestream import StreamStorage
 from rangestream.errors import DatasetNotFoundError, MissingObjectError
-from rangestream.io.store import FsspecStore, LocalStore
+from rangestream.io import FsspecStore, LocalStore
 from rangestream.storage.verify import verify_dataset
 
 from .datasets import SMALL, token_ground_truth, tokens_storage, write_tokens

@@ -37,10 +37,13 @@ from rangestream.errors import (
     StorageError,
     UnsafeKeyError,
 )
-from rangestream.io.store import FsspecStore, LocalStore, check_key, open_store
-from rangestream.layout.block import ArrayLayout, decode_chunks, encode_block, parse_block_index
+from rangestream.io import FsspecStore, LocalStore, open_store
+from rangestream.io.store import check_key
+from rangestream.layout.block import ArrayLayout, encode_block, parse_block_index
+from rangestream.layout.checksums import check_span, crc32c
 from rangestream.layout.dtypes import dtype_from_json
 from rangestream.layout.manifest import parse_root
+from rangestream.layout.pieces import indexed_spans
 from rangestream.storage.verify import verify_dataset
 from rangestream.testing import S3Endpoint
 
@@ -330,15 +333,13 @@ LAYOUT = ArrayLayout(np.dtype("<i8"), (), 8, 64)
 def test_chunk_indexes_and_chunks_of_random_bytes_are_refused(
     bounded: Bounded, raw: bytes, entries: list[int]
 ) -> None:
-    from rangestream.layout.block import chunk_byte_runs, crc32c
-
     bounded(lambda: parse_block_index(LAYOUT, raw, "fuzz index"))
-    bounded(lambda: decode_chunks(LAYOUT, raw, "fuzz chunks"))
+    bounded(lambda: check_span(raw, LAYOUT.stored_chunk_nbytes, 0, lambda: "fuzz chunks"))
     # a well-formed index (valid checksum) whose entries are arbitrary
     body = np.resize(np.asarray(entries or [0], dtype="<u8"), 2 * LAYOUT.chunks_per_block)
     index_bytes = body.tobytes() + crc32c(body.tobytes()).to_bytes(4, "little")
     index = parse_block_index(LAYOUT, index_bytes, "fuzz index")
-    bounded(lambda: chunk_byte_runs(LAYOUT, index, 0, LAYOUT.chunks_per_block - 1, "fuzz"))
+    bounded(lambda: indexed_spans(LAYOUT, index, 0, LAYOUT.chunks_per_block - 1, "fuzz"))
 
 
 @pytest.mark.parametrize("kind", ["tokens", "documents"])

@@ -1,10 +1,10 @@
-"""The ``copies`` fixture: run a mapped-read test with each way of copying rows.
+"""The ``copies`` fixture: run a mapped-read test with each row copier.
 
-Mapped reads copy rows with the compiled ``rangestream.layout.chunked.copy_rows`` when it
-is built and with numpy otherwise; both must give the same arrays and counts. Readers take
-``chunked.copy_rows`` when they are made, so the fixture sets it before the test opens
-anything. A missing compiled helper fails the "compiled" case rather than skipping it, so a
-CI run cannot pass green without it.
+Reads copy rows with ``rangestream.layout.copy.copy_rows``: the compiled helper when it is
+built, numpy otherwise; both must give the same arrays and counts. Executors take the copier
+when they are made, so the fixture sets it before the test opens anything. A missing
+compiled helper fails the "compiled" case rather than skipping it, so a CI run cannot pass
+green without it.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from rangestream.layout import chunked
+from rangestream.layout import copy as row_copy
 
 __all__ = ["Copies", "copies"]
 
@@ -30,16 +30,16 @@ class Copies:
 def copies(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Copies:
     used = Copies(request.param)
     if request.param == "numpy":
-        monkeypatch.setattr(chunked, "copy_rows", None)
+        monkeypatch.setattr(row_copy, "copy_rows", row_copy.numpy_copy_rows)
         return used
-    compiled = chunked.copy_rows
-    assert compiled is not None, (
+    assert row_copy.compiled(), (
         "rangestream.layout._chunked is not built: install a C compiler, then reinstall"
     )
+    compiled = row_copy.copy_rows
 
     def counted(*args: Any) -> None:
         used.calls += 1
         compiled(*args)
 
-    monkeypatch.setattr(chunked, "copy_rows", counted)
+    monkeypatch.setattr(row_copy, "copy_rows", counted)
     return used

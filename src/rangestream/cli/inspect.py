@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from rangestream.cli.options import add_location_arguments, storage_options
-from rangestream.io.loop import run_sync
+from rangestream.io.process import run_blocking
 from rangestream.io.store import open_store
 from rangestream.layout.manifest import ROOT_KEY, parse_root
 
@@ -31,7 +31,7 @@ def run(arguments: argparse.Namespace) -> int:
             await store.aclose()
 
     try:
-        raw = run_sync(fetch())
+        raw = run_blocking(fetch())
     except FileNotFoundError as error:
         raise DatasetNotFoundError(f"no dataset at {arguments.url}") from error
     manifest = parse_root(raw, f"{arguments.url}/{ROOT_KEY}")

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rangestream.dataset.indexing import positions
-from rangestream.io.range_reader import IOStats
+from rangestream.io.stats import IOStats
 
 
 class DocumentDataset:

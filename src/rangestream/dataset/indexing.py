@@ -6,6 +6,8 @@ from typing import Any
 
 import numpy as np
 
+from rangestream.errors import OutOfRangeError
+
 
 def positions(key: Any, length: int) -> tuple[list[int], bool]:
     """The positions ``key`` selects from ``length`` items, and whether it was a slice."""
@@ -17,5 +19,5 @@ def positions(key: Any, length: int) -> tuple[list[int], bool]:
     if index < 0:
         index += length
     if not 0 <= index < length:
-        raise IndexError(f"index {int(key)} is out of range for {length} items")
+        raise OutOfRangeError(f"index {int(key)} is out of range for {length} items")
     return [index], False

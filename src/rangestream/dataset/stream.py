@@ -12,8 +12,10 @@ from typing import Any
 
 import numpy as np
 
+from rangestream.arguments import positive_integer
 from rangestream.dataset.indexing import positions
-from rangestream.io.range_reader import IOStats
+from rangestream.errors import OutOfRangeError
+from rangestream.io.stats import IOStats
 
 
 class StreamDataset:
@@ -39,13 +41,8 @@ class StreamDataset:
         stride: int | None = None,
         next_token: bool = False,
     ) -> None:
-        if isinstance(sequence_length, bool) or not isinstance(sequence_length, int):
-            raise TypeError(f"sequence_length must be an int, got {sequence_length!r}")
-        if sequence_length < 1:
-            raise ValueError(f"sequence_length must be >= 1, got {sequence_length}")
-        stride = sequence_length if stride is None else stride
-        if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
-            raise ValueError(f"stride must be a positive int, got {stride!r}")
+        sequence_length = positive_integer(sequence_length, "sequence_length")
+        stride = positive_integer(sequence_length if stride is None else stride, "stride")
         if not hasattr(storage, "sync_reader") or getattr(storage, "kind", None) not in {
             "stream",
             "stream_with_meta",
@@ -93,6 +90,9 @@ class _Windows:
     def __init__(self, dataset: StreamDataset, storage_reader: Any) -> None:
         self.dataset = dataset
         self._storage_reader = storage_reader
+        self._stride = dataset.stride
+        self._length = dataset.window_length
+        self._count: int | None = None
 
     @property
     def storage_reader(self) -> Any:
@@ -101,14 +101,31 @@ class _Windows:
     @property
     def stats(self) -> IOStats:
         """Exact requests and bytes issued so far."""
-        return self._storage_reader.stats
+        return self._storage_reader.stats  # type: ignore[no-any-return]
 
     def __len__(self) -> int:
-        return self.dataset.num_windows(self._storage_reader.total_length)
+        count = self._count
+        if count is None:
+            count = self._count = self.dataset.num_windows(self._storage_reader.total_length)
+        return count
+
+    def _positions(self, key: Any) -> tuple[list[int], bool]:
+        count = len(self)
+        if count == 0 and not isinstance(key, slice):
+            self._no_windows()
+        return positions(key, count)
+
+    def _no_windows(self) -> None:
+        total = self._storage_reader.total_length
+        raise OutOfRangeError(
+            f"{self.dataset.storage.url} holds {total} elements, fewer than one window of "
+            f"{self._length} (sequence_length={self.dataset.sequence_length}"
+            f"{', next_token' if self.dataset.next_token else ''}): the dataset has no windows"
+        )
 
     def _requests(self, indexes: Sequence[int]) -> list[tuple[int, int]]:
-        length = self.dataset.window_length
-        return [(i * self.dataset.stride, length) for i in indexes]
+        stride, length = self._stride, self._length
+        return [(i * stride, length) for i in indexes]
 
 
 class StreamWindowReader(_Windows):
@@ -116,6 +133,7 @@ class StreamWindowReader(_Windows):
 
     def __init__(self, dataset: StreamDataset) -> None:
         super().__init__(dataset, dataset.storage.sync_reader())
+        self._read = self._storage_reader.read
 
     def __enter__(self) -> StreamWindowReader:
         self._storage_reader.__enter__()
@@ -128,14 +146,22 @@ class StreamWindowReader(_Windows):
         self._storage_reader.close()
 
     def __getitem__(self, key: int | slice) -> Any:
-        indexes, many = positions(key, len(self))
+        if type(key) is int:  # the hot path: one window, straight to the storage reader
+            count = self._count
+            if count is None:
+                count = len(self)
+            if key < 0:
+                key += count
+            if 0 <= key < count:
+                return self._read(key * self._stride, self._length)
+        indexes, many = self._positions(key)
         results = self._storage_reader.read_many(self._requests(indexes))
         return results if many else results[0]
 
     def read_many(self, indexes: Sequence[int]) -> list[Any]:
         """Windows at ``indexes`` (any order), fetched in one round of requests."""
-        checked = [positions(int(i), len(self))[0][0] for i in indexes]
-        return self._storage_reader.read_many(self._requests(checked))
+        checked = [self._positions(int(i))[0][0] for i in indexes]
+        return self._storage_reader.read_many(self._requests(checked))  # type: ignore[no-any-return]
 
 
 class AsyncStreamWindowReader(_Windows):
@@ -155,11 +181,13 @@ class AsyncStreamWindowReader(_Windows):
         await self._storage_reader.aclose()
 
     async def _get(self, key: int | slice, max_concurrency: int | None) -> Any:
-        indexes, many = positions(key, len(self))
-        results = await self._storage_reader.read_many(
+        indexes, many = self._positions(key)
+        if not many:
+            start, length = self._requests(indexes)[0]
+            return await self._storage_reader.read(start, length, max_concurrency=max_concurrency)
+        return await self._storage_reader.read_many(
             self._requests(indexes), max_concurrency=max_concurrency
         )
-        return results if many else results[0]
 
     def __getitem__(self, key: int | slice) -> Any:
         return self._get(key, None)
@@ -167,7 +195,7 @@ class AsyncStreamWindowReader(_Windows):
     async def read_many(
         self, indexes: Sequence[int], *, max_concurrency: int | None = None
     ) -> list[Any]:
-        checked = [positions(int(i), len(self))[0][0] for i in indexes]
-        return await self._storage_reader.read_many(
+        checked = [self._positions(int(i))[0][0] for i in indexes]
+        return await self._storage_reader.read_many(  # type: ignore[no-any-return]
             self._requests(checked), max_concurrency=max_concurrency
         )

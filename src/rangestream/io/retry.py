@@ -10,10 +10,20 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
-from rangestream.errors import CorruptDataError, RangestreamError
+from rangestream.errors import (
+    CorruptDataError,
+    EndpointUnreachableError,
+    RangestreamError,
+    RetriesExhaustedError,
+    StorageError,
+    TruncatedObjectError,
+)
+
+T = TypeVar("T")
 
 
 class ShortReadError(OSError):
@@ -160,3 +170,68 @@ class RetryPolicy:
             if time.monotonic() + delay >= deadline:
                 return
             yield attempt, deadline, delay
+
+
+#: Errors an attempt may raise that end the loop at once, as they are: a library error
+#: already names what is wrong; a missing object, an existing one or a denied request will
+#: not change on a retry (the caller knows what they mean for it).
+_PERMANENT = (RangestreamError, FileNotFoundError, FileExistsError, PermissionError)
+
+
+async def retrying(
+    policy: RetryPolicy,
+    rng: random.Random,
+    attempt: Callable[[int], Awaitable[T]],
+    where: str,
+    *,
+    timeout: bool = True,
+) -> T:
+    """Run ``attempt(number)`` until it returns, fails for good, or the policy runs out.
+
+    The one retry loop of the package: range reads (``RangeReader``) and every other store
+    call (``RetryingStore``: puts, lists, deletes) both go through it, so backoff, time
+    bounds and the errors raised when giving up are the same everywhere. ``attempt`` does
+    one try and may count it; it raises a permanent error as it wants it seen, and anything
+    else is classified here: transient errors (``is_transient``) are retried, others end
+    the loop as a ``StorageError`` naming ``where``. ``timeout=False`` leaves attempts
+    unbounded in time (local files: nothing to time out on).
+    """
+    last_error: BaseException | None = None
+    for number, deadline, delay in policy.attempts(rng):
+        if delay:
+            await asyncio.sleep(delay)
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        try:
+            if not timeout:
+                return await attempt(number)
+            return await asyncio.wait_for(
+                attempt(number), timeout=min(policy.request_timeout, remaining)
+            )
+        except _PERMANENT:
+            raise
+        except Exception as error:
+            if not is_transient(error):
+                raise StorageError(f"{where} failed: {error}") from error
+            last_error = error
+    raise _gave_up(policy, where, last_error)
+
+
+def _gave_up(policy: RetryPolicy, where: str, error: BaseException | None) -> RangestreamError:
+    if error is not None and is_unreachable(error):
+        gave_up: RangestreamError = EndpointUnreachableError(
+            f"cannot reach the object store for {where} after "
+            f"{policy.max_attempts} attempts: {error}"
+        )
+    elif isinstance(error, ShortReadError):
+        gave_up = TruncatedObjectError(
+            f"{where}: the object is shorter than the dataset's metadata says (truncated?): {error}"
+        )
+    else:
+        gave_up = RetriesExhaustedError(
+            f"{where} failed after retries (max_attempts={policy.max_attempts}, "
+            f"total_timeout={policy.total_timeout}s): {error!r}"
+        )
+    gave_up.__cause__ = error
+    return gave_up

@@ -9,51 +9,14 @@ or corrupt anything.
 
 from __future__ import annotations
 
-import asyncio
 import random
-import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from rangestream.errors import (
-    EndpointUnreachableError,
-    RangestreamError,
-    RetriesExhaustedError,
-    StorageError,
-)
-from rangestream.io.retry import RetryPolicy, is_transient, is_unreachable
+from rangestream.io.retry import RetryPolicy, retrying
 from rangestream.io.store import ObjectStore
 
 T = TypeVar("T")
-
-
-async def with_retries(
-    policy: RetryPolicy, call: Callable[[], Awaitable[T]], where: str, rng: random.Random
-) -> T:
-    """Run ``call`` until it succeeds, a permanent error occurs, or the policy runs out."""
-    last_error: BaseException | None = None
-    for _attempt, deadline, delay in policy.attempts(rng):
-        if delay:
-            await asyncio.sleep(delay)
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            break
-        try:
-            return await asyncio.wait_for(call(), timeout=min(policy.request_timeout, remaining))
-        except (FileNotFoundError, FileExistsError, PermissionError, RangestreamError):
-            raise  # permanent, or already a library error naming what is wrong
-        except Exception as error:
-            if not is_transient(error):
-                raise StorageError(f"{where} failed: {error}") from error
-            last_error = error
-    if last_error is not None and is_unreachable(last_error):
-        raise EndpointUnreachableError(
-            f"cannot reach the object store for {where}: {last_error}"
-        ) from last_error
-    raise RetriesExhaustedError(
-        f"{where} failed after retries (max_attempts={policy.max_attempts}, "
-        f"total_timeout={policy.total_timeout}s): {last_error!r}"
-    ) from last_error
 
 
 class RetryingStore(ObjectStore):
@@ -81,7 +44,9 @@ class RetryingStore(ObjectStore):
         if not self.inner.is_connected(writes=writes):
             # the session is made once per loop, outside any request's timeout
             await self.inner.connect(writes=writes)
-        return await with_retries(self.policy, call, f"{what} {self.describe(key)}", self._rng)
+        return await retrying(
+            self.policy, self._rng, lambda _attempt: call(), f"{what} {self.describe(key)}"
+        )
 
     async def get_range(self, key: str, start: int, end: int) -> bytes:
         return await self._retry("get", key, lambda: self.inner.get_range(key, start, end))

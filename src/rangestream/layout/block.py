@@ -14,20 +14,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-import google_crc32c
 import numpy as np
-from google_crc32c import value as crc32c_value
 
 from rangestream.errors import ChecksumError, CorruptDataError, MetadataError
+from rangestream.layout.checksums import CRC_NBYTES, crc32c
 
 MISSING = np.uint64(2**64 - 1)
-CRC_NBYTES = 4
-
-
-def crc32c(data: bytes | memoryview | np.ndarray) -> int:
-    if isinstance(data, memoryview):  # google_crc32c takes bytes and arrays, not memoryviews
-        data = np.frombuffer(data, dtype=np.uint8)
-    return int(google_crc32c.value(data))  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -190,137 +182,3 @@ def parse_block_index(layout: ArrayLayout, raw: bytes | memoryview, where: str) 
     if crc32c(body) != stored:
         raise ChecksumError(f"{where}: chunk index checksum mismatch")
     return np.frombuffer(body, dtype="<u8").reshape(-1, 2)
-
-
-def chunk_byte_runs(
-    layout: ArrayLayout, index: np.ndarray, first_chunk: int, last_chunk: int, where: str
-) -> list[tuple[int, int, int, int]]:
-    """Byte runs ``(start, end, first, last)`` covering inner chunks ``first..last``.
-
-    Consecutive chunks stored back to back form one run, so one range request fetches them.
-    """
-    entries = index[first_chunk : last_chunk + 1]
-    offsets = entries[:, 0]
-    sizes = entries[:, 1]
-    if (offsets == MISSING).any():
-        missing = first_chunk + int(np.flatnonzero(offsets == MISSING)[0])
-        raise CorruptDataError(f"{where}: inner chunk {missing} is missing from the block")
-    if (sizes != layout.stored_chunk_nbytes).any():
-        raise CorruptDataError(
-            f"{where}: inner chunk sizes differ from {layout.stored_chunk_nbytes} bytes "
-            "(compressed or foreign layout)"
-        )
-    if int(offsets.max()) > 1 << 50:
-        raise CorruptDataError(f"{where}: chunk offsets are out of range")
-    runs: list[tuple[int, int, int, int]] = []
-    run_start = 0
-    for i in range(1, len(offsets) + 1):
-        if i == len(offsets) or int(offsets[i]) != int(offsets[i - 1]) + int(sizes[i - 1]):
-            start = int(offsets[run_start])
-            end = int(offsets[i - 1]) + int(sizes[i - 1])
-            runs.append((start, end, first_chunk + run_start, first_chunk + i - 1))
-            run_start = i
-    return runs
-
-
-#: CRC-32C of any message followed by its own little-endian CRC-32C: checking a stored
-#: chunk against this constant verifies it in one call, without splitting off the trailer.
-CRC32C_RESIDUE = 0x48674BC7
-
-
-#: ``stored chunk size -> [CRC-32C of n intact stored chunks for n = 0, 1, ...]``.
-_INTACT_RUNS: dict[int, list[int]] = {}
-
-
-def _crc_of_intact_chunks(stored: int, count: int) -> int:
-    """The CRC-32C of any ``count`` intact stored chunks of ``stored`` bytes each.
-
-    An intact stored chunk (bytes, then their CRC) always has the CRC ``CRC32C_RESIDUE``,
-    and the CRC of a concatenation depends only on the parts' CRCs and lengths, so every
-    run of ``count`` intact chunks has one CRC, whatever the chunks hold.
-    """
-    table = _INTACT_RUNS.get(stored)
-    if table is None or len(table) <= count:
-        table = list(table or [0])  # built aside, then published whole: threads may race
-        body = bytes(stored - CRC_NBYTES)
-        intact = body + crc32c(body).to_bytes(CRC_NBYTES, "little")
-        while len(table) <= count:
-            table.append(google_crc32c.extend(table[-1], intact))
-        if len(_INTACT_RUNS) >= 64:  # layouts come from stored metadata: bound the cache
-            _INTACT_RUNS.clear()
-        _INTACT_RUNS[stored] = table
-    return table[count]
-
-
-def _stored_chunks(
-    layout: ArrayLayout, data: bytes | memoryview, where: Any
-) -> tuple[np.ndarray, int]:
-    """``data`` as a byte array and its number of stored chunks, if it is whole chunks."""
-    buffer = np.frombuffer(data, dtype=np.uint8)
-    count = buffer.size // layout.stored_chunk_nbytes
-    if count * layout.stored_chunk_nbytes != buffer.size:
-        place = where() if callable(where) else where
-        raise CorruptDataError(f"{place}: {buffer.size} bytes is not a whole number of chunks")
-    return buffer, count
-
-
-def check_chunks(layout: ArrayLayout, data: bytes | memoryview, where: Any) -> None:
-    """Raise ``ChecksumError`` unless every stored chunk in ``data`` matches its crc32c.
-
-    One CRC over the whole read is compared with the CRC every intact run of that many
-    chunks has (one call instead of one per chunk, a sixth of the time for a 9-chunk
-    window). A damaged chunk changes that CRC for certain (the combination is invertible
-    per chunk), so only then are the chunks checked one by one, to name the bad one.
-
-    ``where`` is a string or a zero-argument callable producing one (built only on error).
-    """
-    stored = layout.stored_chunk_nbytes
-    buffer, count = _stored_chunks(layout, data, where)
-    value = google_crc32c.value
-    whole = value(data if isinstance(data, bytes) else buffer)
-    if whole == _crc_of_intact_chunks(stored, count):
-        return
-    # google_crc32c takes bytes or arrays (not memoryviews); slicing bytes is the cheapest
-    chunks = (
-        (data[o : o + stored] for o in range(0, count * stored, stored))
-        if isinstance(data, bytes)
-        else iter(buffer.reshape(count, stored))
-    )
-    for i, chunk in enumerate(chunks):
-        if value(chunk) != CRC32C_RESIDUE:
-            place = where() if callable(where) else where
-            raise ChecksumError(f"{place}: checksum mismatch in inner chunk {i} of the read")
-
-
-def first_bad_mapped_chunk(
-    data: np.ndarray, verified: bytearray, stored: int, first: int, end: int
-) -> int | None:
-    """Check the not yet verified stored chunks ``[first, end)`` of a mapped block.
-
-    ``data`` is the whole block's bytes, ``verified`` one flag per inner chunk. Chunks that
-    match their crc32c are flagged, so a process checks each chunk of an immutable block
-    once however many reads touch it. Returns the first damaged chunk (never flagged, so
-    every later read of it fails too), or ``None``.
-    """
-    if verified.find(0, first, end) < 0:
-        return None
-    for chunk in range(first, end):
-        if verified[chunk]:
-            continue
-        if crc32c_value(data[chunk * stored : (chunk + 1) * stored]) != CRC32C_RESIDUE:
-            return chunk
-        verified[chunk] = 1
-    return None
-
-
-def decode_chunks(
-    layout: ArrayLayout, data: bytes | memoryview, where: Any, *, verify: bool = True
-) -> np.ndarray:
-    """Strip (and check) the checksums of back-to-back inner chunks; returns their bytes.
-
-    The result is a ``(chunks, chunk_nbytes)`` view of ``data``.
-    """
-    if verify:
-        check_chunks(layout, data, where)
-    buffer, count = _stored_chunks(layout, data, where)
-    return buffer.reshape(count, layout.stored_chunk_nbytes)[:, : layout.chunk_nbytes]

@@ -3,7 +3,7 @@
 from rangestream.storage.base import Storage
 from rangestream.storage.document import DocumentStorage
 from rangestream.storage.stream import StreamStorage
-from rangestream.storage.stream_meta import StreamWithMetaStorage
+from rangestream.storage.stream_with_meta import StreamWithMetaStorage
 from rangestream.storage.temporal import TemporalArrayStorage
 from rangestream.storage.temporal_write import write_records
 from rangestream.storage.writing import DatasetWriter, WriteSession

@@ -14,13 +14,16 @@ from typing import Any
 
 import numpy as np
 
-from rangestream.errors import CorruptDataError, InvalidRecordError
-from rangestream.io.range_reader import ReadProgram
-from rangestream.io.store import ObjectStore
+from rangestream.arguments import integer
+from rangestream.errors import CorruptDataError, InvalidRecordError, OutOfRangeError
 from rangestream.layout.block import ArrayLayout
+from rangestream.layout.caches import ArrayCache
+from rangestream.layout.executors import Program
 from rangestream.layout.manifest import Manifest
-from rangestream.layout.rows import ArrayCache
-from rangestream.storage.base import AsyncReaderBase, OpenedStorage, Storage, SyncReaderBase
+from rangestream.layout.pieces import RowRead
+from rangestream.storage.base import Storage
+from rangestream.storage.opening import OpenedStorage
+from rangestream.storage.readers import AsyncReader, SyncReader
 from rangestream.storage.writing import ShardEncoder
 from rangestream.types import DocumentStorageFormat
 
@@ -53,27 +56,39 @@ class _DocumentShardEncoder(ShardEncoder):
 class OpenedDocuments(OpenedStorage):
     """Read programs of a document storage; shared by its sync and async readers."""
 
-    def __init__(self, storage: Storage, store: ObjectStore, manifest: Manifest) -> None:
-        super().__init__(storage, store, manifest)
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
         self.document_bounds = self.bounds("payload_offsets", minus=1)
         self.num_documents = int(self.document_bounds[-1])
-        self.format: DocumentStorageFormat[Any, Any] = storage.storage_format  # type: ignore[attr-defined]
-        self.offsets = ArrayCache(getattr(storage, "offsets_cache_bytes", 0))
+        storage: Any = self.storage
+        self.format: DocumentStorageFormat[Any, Any] = storage.storage_format
+        self.offsets = ArrayCache(storage.offsets_cache_bytes)
 
     def _cacheable(self, shard: int) -> bool:
         return 8 * self.shard_length("payload_offsets", shard) <= self.offsets.max_bytes
 
-    def locate(self, index: int) -> tuple[int, int]:
-        """``(shard id, index within shard)`` of a global document index."""
-        if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
-            raise TypeError(f"document index must be an integer, got {index!r}")
-        index = int(index)
-        if not 0 <= index < self.num_documents:
-            raise IndexError(f"document {index} is outside 0..{self.num_documents - 1}")
-        part = int(np.searchsorted(self.document_bounds, index, side="right")) - 1
-        return int(self.manifest.shard_ids[part]), index - int(self.document_bounds[part])
+    def locate(self, index: Any) -> tuple[int, int]:
+        """``(shard id, index within shard)`` of a global document index.
 
-    def read_encoded(self, indexes: Sequence[int]) -> ReadProgram[list[tuple[int, bytes]]]:
+        Negative indexes count from the end, as they do for every sequence of items in
+        rangestream (documents, records, windows).
+        """
+        index = integer(index, "document index")
+        count = self.num_documents
+        if index < 0:
+            index += count
+        if not 0 <= index < count:
+            raise OutOfRangeError(
+                f"document {index if index >= 0 else index - count} is outside the "
+                f"{count} documents [0, {count})"
+            )
+        part = int(np.searchsorted(self.document_bounds, index, side="right")) - 1
+        return self.shard_ids[part], index - int(self.document_bounds[part])
+
+    def _rows(self, shard: int, name: str, start: int, stop: int) -> RowRead:
+        return RowRead.whole(self.array(shard, name), start, stop)
+
+    def read_encoded(self, indexes: Sequence[int]) -> Program[list[tuple[int, bytes]]]:
         """``(shard, encoded bytes)`` of each document.
 
         A shard's offsets are read whole on its first touch (one round) and cached within
@@ -84,32 +99,28 @@ class OpenedDocuments(OpenedStorage):
         touched = sorted({shard for shard, _ in located})
         to_load = [s for s in touched if self.offsets.get(s) is None and self._cacheable(s)]
         if to_load:
-            loaded = yield from self.rows(
-                [
-                    self.row_range(s, "payload_offsets", 0, self.shard_length("payload_offsets", s))
-                    for s in to_load
-                ]
-            )
-            for shard, part in zip(to_load, loaded, strict=True):
-                self.offsets.put(shard, part.reshape(-1).view(_INT64))
+            loads = [
+                self._rows(s, "payload_offsets", 0, self.shard_length("payload_offsets", s))
+                for s in to_load
+            ]
+            yield loads
+            for shard, read in zip(to_load, loads, strict=True):
+                self.offsets.put(shard, read.target.reshape(-1).view(_INT64))
         pairs: list[tuple[int, int] | None] = []
         for shard, j in located:
             cached = self.offsets.get(shard)
             pairs.append(None if cached is None else (int(cached[j]), int(cached[j + 1])))
         missing = [k for k, pair in enumerate(pairs) if pair is None]
         if missing:
-            offset_parts = yield from self.rows(
-                [
-                    self.row_range(
-                        located[k][0], "payload_offsets", located[k][1], located[k][1] + 2
-                    )
-                    for k in missing
-                ]
-            )
-            for k, part in zip(missing, offset_parts, strict=True):
-                start, end = (int(x) for x in part.reshape(-1).view(_INT64))
+            offset_reads = [
+                self._rows(located[k][0], "payload_offsets", located[k][1], located[k][1] + 2)
+                for k in missing
+            ]
+            yield offset_reads
+            for k, read in zip(missing, offset_reads, strict=True):
+                start, end = (int(x) for x in read.target.reshape(-1).view(_INT64))
                 pairs[k] = (start, end)
-        heap_ranges = []
+        heap_reads = []
         for (shard, j), pair in zip(located, pairs, strict=True):
             assert pair is not None
             start, end = pair
@@ -119,18 +130,19 @@ class OpenedDocuments(OpenedStorage):
                     f"{self.describe(self.manifest.array_key(shard, 'payload_offsets'))}: "
                     f"document {j} spans [{start}, {end}) outside the heap of {heap_length} bytes"
                 )
-            heap_ranges.append(self.row_range(shard, "payload_heap", start, end))
-        heaps = yield from self.rows(heap_ranges)
+            heap_reads.append(self._rows(shard, "payload_heap", start, end))
+        if heap_reads:
+            yield heap_reads
         return [
-            (shard, heap.reshape(-1).tobytes())
-            for (shard, _), heap in zip(located, heaps, strict=True)
+            (shard, read.target.reshape(-1).tobytes())
+            for (shard, _), read in zip(located, heap_reads, strict=True)
         ]
 
-    def read_many(self, indexes: Sequence[int]) -> ReadProgram[list[Any]]:
+    def read_many(self, indexes: Sequence[int]) -> Program[list[Any]]:
         encoded = yield from self.read_encoded(indexes)
         return [self.format.unpack(data, shard) for shard, data in encoded]
 
-    def read(self, index: int) -> ReadProgram[Any]:
+    def read(self, index: int) -> Program[Any]:
         (document,) = yield from self.read_many([index])
         return document
 
@@ -192,12 +204,6 @@ class DocumentStorage(Storage):
     def _shard_encoder(self) -> ShardEncoder:
         return _DocumentShardEncoder(self.storage_format)
 
-    def sync_reader(self) -> DocumentStorageReader:
-        return DocumentStorageReader(self)
-
-    def async_reader(self) -> AsyncDocumentStorageReader:
-        return AsyncDocumentStorageReader(self)
-
 
 class _DocumentFacts:
     opened: Any
@@ -218,7 +224,7 @@ class _DocumentFacts:
         return max(0, int(self.opened.shard_length("payload_offsets", int(shard))) - 1)
 
 
-class DocumentStorageReader(_DocumentFacts, SyncReaderBase):
+class DocumentStorageReader(_DocumentFacts, SyncReader):
     """Sync reads of a document storage."""
 
     def read(self, index: int) -> Any:
@@ -228,15 +234,19 @@ class DocumentStorageReader(_DocumentFacts, SyncReaderBase):
         return self._run(self.opened.read_many(indexes))
 
 
-class AsyncDocumentStorageReader(_DocumentFacts, AsyncReaderBase):
+class AsyncDocumentStorageReader(_DocumentFacts, AsyncReader):
     """Async reads of a document storage."""
 
     async def read(self, index: int, *, max_concurrency: int | None = None) -> Any:
-        opened = await self._aopen()
-        return await self._run(opened.read(index), max_concurrency)
+        opened = await self._opened()
+        return await opened.run(opened.read(index), max_concurrency=max_concurrency)
 
     async def read_many(
         self, indexes: Sequence[int], *, max_concurrency: int | None = None
     ) -> list[Any]:
-        opened = await self._aopen()
-        return await self._run(opened.read_many(indexes), max_concurrency)
+        opened = await self._opened()
+        return await opened.run(opened.read_many(indexes), max_concurrency=max_concurrency)
+
+
+DocumentStorage.sync_reader_class = DocumentStorageReader
+DocumentStorage.async_reader_class = AsyncDocumentStorageReader

@@ -2,8 +2,8 @@
 
 Per shard: ``stream`` (the elements) and ``record_ends`` (cumulative element count at the
 end of each record). A read of ``[global_index, global_index + length)`` over the
-concatenation of shards (in shard order) is one range request per shard touched once the
-blocks' chunk indexes are cached.
+concatenation of shards (in shard order) is one range request per shard and block touched,
+copied straight into the window's array.
 """
 
 from __future__ import annotations
@@ -11,29 +11,30 @@ from __future__ import annotations
 import asyncio
 import bisect
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from rangestream.errors import InvalidRecordError, SchemaMismatchError
-from rangestream.io.loop import current_pid
-from rangestream.io.range_reader import ReadProgram
-from rangestream.io.store import INLINE_READ_BYTES, ObjectStore
+from rangestream.errors import InvalidRecordError, OutOfRangeError, SchemaMismatchError
+from rangestream.io.local import INLINE_READ_BYTES
 from rangestream.layout.block import ArrayLayout
 from rangestream.layout.dtypes import check_plain_dtype, dtype_from_json, dtype_to_json
+from rangestream.layout.executors import Program
 from rangestream.layout.manifest import Manifest
-from rangestream.storage.base import (
-    AsyncReaderBase,
-    OpenedStorage,
-    Storage,
-    SyncReaderBase,
-)
-from rangestream.storage.stream_mapped import MappedStreamReads, mapped_stream_reads
+from rangestream.layout.pieces import Output, RowRead, StoredArray, in_one_block
+from rangestream.storage.base import Storage
+from rangestream.storage.opening import OpenedStorage
+from rangestream.storage.readers import AsyncReader, SyncReader
 from rangestream.storage.writing import ShardEncoder
 from rangestream.types import StreamStorageFormat
 
+__all__ = ["StreamStorage", "check_stream_format"]
+
 _INT64 = np.dtype("<i8")
+_MAX_SEGMENT_ARRAYS = 4096
+#: One window's elements, its per-shard segment lengths and shard ids (``unpack``'s input).
+Elements = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
 class _StreamShardEncoder(ShardEncoder):
@@ -61,32 +62,80 @@ def check_stream_array(stream: Any, dtype: np.dtype[Any], who: str) -> None:
         )
 
 
+def check_stream_format(storage_format: Any, methods: Sequence[str]) -> np.dtype[Any]:
+    """The format's ``stream_dtype``, once the format is checked to have what a kind needs."""
+    dtype = getattr(storage_format, "stream_dtype", None)
+    if not isinstance(dtype, np.dtype):
+        raise TypeError(
+            f"storage_format must have a numpy stream_dtype, got {type(storage_format).__name__}"
+        )
+    for method in methods:
+        if not callable(getattr(storage_format, method, None)):
+            raise TypeError(
+                f"storage_format must have a {method} method, got {type(storage_format).__name__}"
+            )
+    check_plain_dtype(dtype, "stream_dtype")
+    return dtype
+
+
+class _Window:
+    """One window's array, made by the first of its segments' reads that is ready."""
+
+    __slots__ = ("dtype", "length", "out")
+
+    def __init__(self, length: int, dtype: np.dtype[Any]) -> None:
+        self.length = length
+        self.dtype = dtype
+        self.out: np.ndarray | None = None
+
+    def array(self) -> np.ndarray:
+        out = self.out
+        if out is None:
+            out = self.out = np.empty(self.length, dtype=self.dtype)
+        return out
+
+    def part(self, at: int) -> Callable[[RowRead], tuple[Output, ...]]:
+        """The ``make`` of the segment read landing at element ``at`` of the window."""
+
+        def make(read: RowRead) -> tuple[Output, ...]:
+            out = self.array()
+            target = out if read.rows == self.length else out[at : at + read.rows]
+            return ((target, 0, self.dtype.itemsize),)
+
+        return make
+
+
 class OpenedStream(OpenedStorage):
-    """Read programs of a stream storage; shared by its sync and async readers."""
+    """A stream storage's opened version: where windows lie, and how they are read."""
 
-    def __init__(self, storage: Storage, store: ObjectStore, manifest: Manifest) -> None:
-        super().__init__(storage, store, manifest)
-        self.stream_bounds = self.bounds("stream")
-        self.total_length = int(self.stream_bounds[-1])
-        self._bounds = [int(b) for b in self.stream_bounds]  # bisect on ints beats numpy here
-        self._ids = [int(s) for s in manifest.shard_ids]
-        self.dtype = manifest.arrays["stream"].dtype
-        self.format: StreamStorageFormat[Any, Any, Any] = storage.storage_format  # type: ignore[attr-defined]
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        bounds = self.bounds("stream")
+        self.stream_bounds = bounds
+        self.total_length = int(bounds[-1])
+        self._bounds = [int(b) for b in bounds]  # bisect on ints beats numpy here
+        self.dtype = self.manifest.arrays["stream"].dtype
+        self.itemsize = self.dtype.itemsize
+        self.format: Any = self.storage.storage_format  # type: ignore[attr-defined]
+        self.unpack = self.format.unpack
+        self._streams = [self.array(shard, "stream") for shard in self.shard_ids]
+        self._segment_arrays: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
 
-    def check_range(self, global_index: int, length: int) -> tuple[int, int]:
+    # -- where a window lies --------------------------------------------------------------
+    def check_range(self, global_index: Any, length: Any) -> tuple[int, int]:
         global_index, length = int(global_index), int(length)
         if length < 0:
             raise ValueError(f"length must be >= 0, got {length}")
         if global_index < 0 or global_index + length > self.total_length:
-            raise IndexError(
+            raise OutOfRangeError(
                 f"elements [{global_index}, {global_index + length}) are outside the stream "
                 f"of {self.total_length} elements"
             )
         return global_index, length
 
-    def plan(self, global_index: int, length: int) -> list[tuple[int, int, int]]:
-        """``(shard id, local start, local stop)`` segments of a global range."""
-        bounds, ids = self._bounds, self._ids
+    def segments(self, global_index: int, length: int) -> list[tuple[int, int, int]]:
+        """``(shard position, local start, local stop)`` of a global range, in order."""
+        bounds = self._bounds
         stop = global_index + length
         position = global_index
         part = bisect.bisect_right(bounds, position) - 1
@@ -95,45 +144,99 @@ class OpenedStream(OpenedStorage):
             while bounds[part + 1] <= position:  # skip empty shards
                 part += 1
             part_stop = min(stop, bounds[part + 1])
-            out.append((ids[part], position - bounds[part], part_stop - bounds[part]))
+            out.append((part, position - bounds[part], part_stop - bounds[part]))
             position = part_stop
             part += 1
         return out
 
-    def read_many_elements(
+    def stream_array(self, part: int) -> StoredArray:
+        return self._streams[part]
+
+    # -- reading -----------------------------------------------------------------------------
+    def window_reads(
         self, requests: Sequence[tuple[int, int]]
-    ) -> ReadProgram[list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
-        """Elements, segment lengths and segment shards of several reads, in one round."""
-        plans = [self.plan(*self.check_range(g, n)) for g, n in requests]
-        ranges = [
-            self.row_range(shard, "stream", start, stop)
-            for plan in plans
-            for shard, start, stop in plan
-        ]
-        parts = yield from self.rows(ranges)
-        out = []
-        position = 0
-        for plan in plans:
-            pieces = parts[position : position + len(plan)]
-            position += len(plan)
-            if len(pieces) == 1:
-                data = pieces[0].reshape(-1).view(self.dtype)
-            elif pieces:
-                data = np.concatenate(pieces).reshape(-1).view(self.dtype)
+    ) -> tuple[list[RowRead], list[tuple[_Window, np.ndarray, np.ndarray]]]:
+        """The row reads of several windows, and each window with its segment arrays.
+
+        A window's array is made when its rows are known to exist (``RowRead.ready``): a
+        length from damaged metadata fails on a small request, not on its allocation.
+        """
+        reads: list[RowRead] = []
+        windows: list[tuple[_Window, np.ndarray, np.ndarray]] = []
+        for request in requests:
+            start, length = self.check_range(*request)
+            window = _Window(length, self.dtype)
+            segments = self.segments(start, length)
+            at = 0
+            for part, low, high in segments:
+                reads.append(RowRead(self._streams[part], low, high, make=window.part(at)))
+                at += high - low
+            if len(segments) == 1:
+                windows.append((window, *self.segment_arrays(length, segments[0][0])))
             else:
-                data = np.empty(0, dtype=self.dtype)
-            lengths = np.asarray([stop - start for _, start, stop in plan], dtype=np.int64)
-            shards = np.asarray([shard for shard, _, _ in plan], dtype=np.int64)
-            out.append((data, lengths, shards))
-        return out
+                lengths = np.asarray([high - low for _, low, high in segments], dtype=np.int64)
+                shards = np.asarray([self.shard_ids[p] for p, _, _ in segments], dtype=np.int64)
+                windows.append((window, lengths, shards))
+        return reads, windows
 
-    def read_many(self, requests: Sequence[tuple[int, int]]) -> ReadProgram[list[Any]]:
-        results = yield from self.read_many_elements(requests)
-        return [self.format.unpack(data, lengths, shards) for data, lengths, shards in results]
+    def read_many_elements(self, requests: Sequence[tuple[int, int]]) -> Program[list[Elements]]:
+        """Elements, segment lengths and segment shards of several reads, in one round."""
+        reads, windows = self.window_reads(requests)
+        if reads:
+            yield reads
+        return [(window.array(), lengths, shards) for window, lengths, shards in windows]
 
-    def read(self, global_index: int, length: int) -> ReadProgram[Any]:
-        ((data, lengths, shards),) = yield from self.read_many_elements([(global_index, length)])
-        return self.format.unpack(data, lengths, shards)
+    def read_many(self, requests: Sequence[tuple[int, int]]) -> Program[list[Any]]:
+        windows = yield from self.read_many_elements(requests)
+        unpack = self.unpack
+        return [unpack(*window) for window in windows]
+
+    def read(self, global_index: int, length: int) -> Program[Any]:
+        (window,) = yield from self.read_many_elements([(global_index, length)])
+        return self.unpack(*window)
+
+    def read_in_block(self, global_index: Any, length: Any) -> Any:
+        """One window copied straight out of a mapped block, or ``None`` (take ``read``).
+
+        The hot path of local random windows: only plain ints, inside one shard and one
+        block of a mapped dataset; anything else, and every error, takes the program.
+        """
+        mapped = self.mapped
+        if mapped is None or type(global_index) is not int or type(length) is not int:
+            return None
+        bounds = self._bounds
+        if length <= 0 or global_index < 0 or global_index + length > bounds[-1]:
+            return None
+        part = bisect.bisect_right(bounds, global_index) - 1
+        local = global_index - bounds[part]
+        if local + length > bounds[part + 1] - bounds[part]:
+            return None  # spans shards (bisect skipped empty ones)
+        array = self._streams[part]
+        layout = array.layout
+        found = in_one_block(layout, local, length)
+        if found is None:
+            return None
+        block, row = found
+        blockfile = mapped.mapping(array, block, (row + length - 1) // layout.chunk_rows + 1)
+        if blockfile is None:
+            return None
+        out = np.empty(length, dtype=self.dtype)
+        mapped.copy_from(blockfile, array, block, row, length, ((out, 0, self.itemsize),))
+        segments = self._segment_arrays.get((length, part)) or self.segment_arrays(length, part)
+        return self.unpack(out, *segments)
+
+    def segment_arrays(self, length: int, part: int) -> tuple[np.ndarray, np.ndarray]:
+        """``unpack``'s segment lengths and shard ids of a one-segment read (read-only
+        arrays, made once per length and shard: windows mostly share one length)."""
+        found = self._segment_arrays.get((length, part))
+        if found is None:
+            if len(self._segment_arrays) >= _MAX_SEGMENT_ARRAYS:
+                self._segment_arrays.clear()
+            lengths = np.array([length], dtype=np.int64)
+            shards = np.array([self.shard_ids[part]], dtype=np.int64)
+            lengths.flags.writeable = shards.flags.writeable = False
+            found = self._segment_arrays[(length, part)] = (lengths, shards)
+        return found
 
 
 class StreamStorage(Storage):
@@ -147,11 +250,13 @@ class StreamStorage(Storage):
         A ``StreamStorageFormat`` (e.g. ``StreamNumpyFormat``) defining ``stream_dtype``,
         ``pack`` and ``unpack``. Reopen a dataset with a format of the same dtype.
     **options
-        See ``Storage`` (storage_options, chunk and block sizes, concurrency, retries).
+        See ``Storage`` (storage_options, read and layout options).
     """
 
     kind = "stream"
     opened_class = OpenedStream
+    #: The methods the format must have.
+    format_methods: tuple[str, ...] = ("pack", "unpack")
 
     def __init__(
         self,
@@ -160,13 +265,7 @@ class StreamStorage(Storage):
         **options: Any,
     ) -> None:
         super().__init__(url, **options)
-        dtype = getattr(storage_format, "stream_dtype", None)
-        if not isinstance(dtype, np.dtype):
-            raise TypeError(
-                "storage_format must have a numpy stream_dtype, got "
-                f"{type(storage_format).__name__}"
-            )
-        check_plain_dtype(dtype, "stream_dtype")
+        check_stream_format(storage_format, self.format_methods)
         self.storage_format = storage_format
 
     def _array_layouts(self) -> dict[str, ArrayLayout]:
@@ -178,29 +277,26 @@ class StreamStorage(Storage):
     def _schema(self) -> dict[str, Any]:
         return {"stream_dtype": dtype_to_json(self.storage_format.stream_dtype)}
 
-    def _check_schema(self, manifest: Manifest) -> None:
+    def _check_stream_dtype(self, manifest: Manifest) -> None:
         stored = dtype_from_json(manifest.schema.get("stream_dtype"), "stored stream_dtype")
         if stored != self.storage_format.stream_dtype:
             raise SchemaMismatchError(
                 f"{self.url} stores stream_dtype {stored}, but the format has "
                 f"{self.storage_format.stream_dtype}"
             )
+
+    def _check_schema(self, manifest: Manifest) -> None:
+        self._check_stream_dtype(manifest)
         if set(manifest.arrays) != {"stream", "record_ends"}:
             raise SchemaMismatchError(f"{self.url} does not hold a stream dataset's arrays")
 
     def _shard_encoder(self) -> ShardEncoder:
         return _StreamShardEncoder(self.storage_format)
 
-    def sync_reader(self) -> StreamStorageReader:
-        """A reader that blocks; on a local path it reads with ``pread`` directly."""
-        return StreamStorageReader(self)
-
-    def async_reader(self) -> AsyncStreamStorageReader:
-        """A reader for ``async with``; bound to the loop that enters it."""
-        return AsyncStreamStorageReader(self)
-
 
 class _StreamFacts:
+    """What both readers of a stream say about it."""
+
     opened: Any
 
     @property
@@ -220,100 +316,43 @@ class _StreamFacts:
         return int(self.opened.shard_length("record_ends", int(shard)))
 
 
-class StreamStorageReader(_StreamFacts, SyncReaderBase):
-    """Sync reads of a stream storage.
-
-    On a plain local path, windows inside one block are copied out of memory-mapped blocks
-    (``rangestream.storage.stream_mapped``); everything else, and every error, takes the
-    generic read program.
-    """
-
-    def __init__(self, storage: Storage) -> None:
-        super().__init__(storage)
-        self._mapped: MappedStreamReads | None = None
-        self._mapped_for: OpenedStorage | None = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_mapped"] = state["_mapped_for"] = None  # mappings are per process
-        return state
-
-    def _mapped_reads(self) -> MappedStreamReads | None:
-        opened = self._open()
-        if self._mapped_for is not opened:  # first use, or reopened (a forked child)
-            assert isinstance(opened, OpenedStream)
-            self._mapped = mapped_stream_reads(opened)
-            self._mapped_for = opened
-        return self._mapped
+class StreamStorageReader(_StreamFacts, SyncReader):
+    """Sync reads of a stream storage: ``read(global_index, length)``, ``read_many``."""
 
     def read(self, global_index: int, length: int) -> Any:
         """Decode elements ``[global_index, global_index + length)`` with the format."""
-        mapped = self._mapped
-        if mapped is None or self._pid != current_pid() or self._opened is None:
-            mapped = self._mapped_reads()
-        if mapped is not None:
-            found = mapped.read_one(global_index, length)
-            if found is not None:
-                return mapped.unpack(*found)
-        return self._run(self.opened.read(global_index, length))
+        opened = self._opening.opened.value or self._opening.get_sync()
+        window = opened.read_in_block(global_index, length)
+        if window is not None:
+            return window
+        return opened.run_sync(opened.read(global_index, length))
 
     def read_many(self, requests: Sequence[tuple[int, int]]) -> list[Any]:
-        """Several ``(global_index, length)`` reads fetched together."""
-        mapped = self._mapped_reads()
-        if mapped is not None:
-            found = mapped.read_many_elements(requests)
-            if found is not None:
-                unpack = mapped.unpack
-                return [unpack(*elements) for elements in found]
+        """Several ``(global_index, length)`` reads fetched together (coalesced)."""
         return self._run(self.opened.read_many(requests))
 
 
-class AsyncStreamStorageReader(_StreamFacts, AsyncReaderBase):
-    """Async reads of a stream storage.
-
-    On a plain local path, windows inside one block are copied out of mapped blocks as the
-    sync reader does, inline (reads over ``INLINE_READ_BYTES`` in a worker thread), as
-    small local reads are: the copy takes microseconds.
-    """
-
-    def __init__(self, storage: Storage) -> None:
-        super().__init__(storage)
-        self._mapped: MappedStreamReads | None = None
-        self._mapped_for: OpenedStorage | None = None
-
-    def _mapped_reads(self, opened: OpenedStorage) -> MappedStreamReads | None:
-        if self._mapped_for is not opened:
-            assert isinstance(opened, OpenedStream)
-            self._mapped = mapped_stream_reads(opened)
-            self._mapped_for = opened
-        return self._mapped
+class AsyncStreamStorageReader(_StreamFacts, AsyncReader):
+    """Async reads of a stream storage, with the sync reader's API awaited."""
 
     async def read(
         self, global_index: int, length: int, *, max_concurrency: int | None = None
     ) -> Any:
-        opened = await self._aopen()
-        mapped = self._mapped_reads(opened)
-        if mapped is not None and type(length) is int:
-            if length * mapped.itemsize <= INLINE_READ_BYTES:
-                found = mapped.read_one(global_index, length)
-            else:
-                found = await asyncio.to_thread(mapped.read_one, global_index, length)
-            if found is not None:
-                return mapped.unpack(*found)
-        return await self._run(opened.read(global_index, length), max_concurrency)
+        opened = await self._opened()
+        if type(length) is int and length * opened.itemsize <= INLINE_READ_BYTES:
+            window = opened.read_in_block(global_index, length)  # a mapped copy: inline
+        else:  # a copy of this size would stall the loop: in a thread
+            window = await asyncio.to_thread(opened.read_in_block, global_index, length)
+        if window is not None:
+            return window
+        return await opened.run(opened.read(global_index, length), max_concurrency=max_concurrency)
 
     async def read_many(
         self, requests: Sequence[tuple[int, int]], *, max_concurrency: int | None = None
     ) -> list[Any]:
-        opened = await self._aopen()
-        mapped = self._mapped_reads(opened)
-        if mapped is not None:
-            requests = list(requests)
-            nbytes = sum(int(length) for _, length in requests) * mapped.itemsize
-            if nbytes <= INLINE_READ_BYTES:
-                found = mapped.read_many_elements(requests)
-            else:
-                found = await asyncio.to_thread(mapped.read_many_elements, requests)
-            if found is not None:
-                return [mapped.unpack(*elements) for elements in found]
-        return await self._run(opened.read_many(requests), max_concurrency)
+        opened = await self._opened()
+        return await opened.run(opened.read_many(requests), max_concurrency=max_concurrency)
+
+
+StreamStorage.sync_reader_class = StreamStorageReader
+StreamStorage.async_reader_class = AsyncStreamStorageReader

@@ -30,20 +30,16 @@ from rangestream.errors import (
     DatasetNotFoundError,
     MissingObjectError,
 )
-from rangestream.io.loop import run_sync
+from rangestream.io.process import run_blocking
 from rangestream.io.range_reader import RangeReader
 from rangestream.io.ranges import ObjectRequest
 from rangestream.io.retry import RetryPolicy
-from rangestream.io.store import LocalStore, ObjectStore, open_store
-from rangestream.layout.block import (
-    CRC32C_RESIDUE,
-    MISSING,
-    ArrayLayout,
-    crc32c,
-    parse_block_index,
-)
+from rangestream.io.store import ObjectStore, open_store
+from rangestream.layout.block import MISSING, ArrayLayout, parse_block_index
+from rangestream.layout.checksums import CRC32C_RESIDUE, crc32c
+from rangestream.layout.executors import RemoteExecutor
 from rangestream.layout.manifest import ROOT_KEY, Manifest, data_prefix, parse_root
-from rangestream.layout.rows import BlockIndexCache, RowRange, read_rows
+from rangestream.layout.pieces import RowRead, StoredArray
 
 __all__ = ["Problem", "VerifyReport", "averify_dataset", "verify_dataset"]
 
@@ -171,7 +167,7 @@ def verify_dataset(
     retry: RetryPolicy | None = None,
 ) -> VerifyReport:
     """Scan the dataset at ``url``; see ``averify_dataset``."""
-    return run_sync(
+    return run_blocking(
         averify_dataset(
             url,
             storage_options,
@@ -220,10 +216,7 @@ async def averify_dataset(
         if manifest is not None:
             await _scan(reader, manifest, report, progress, on_total, max_concurrency)
     finally:
-        if isinstance(store, LocalStore):
-            store.close_files()
-        else:
-            await store.aclose()
+        await store.aclose()
     return report
 
 
@@ -496,18 +489,13 @@ async def _check_index_arrays(
         if length != len(values):
             report.add(where, f"holds {length} values, the manifest {len(values)}")
             continue
+        read = RowRead.whole(StoredArray(key, layout, length, name), 0, length)
         try:
-            (rows,) = await reader.run(
-                read_rows(
-                    [RowRange(key, layout, length, 0, length)],
-                    BlockIndexCache(),
-                    describe=store.describe,
-                )
-            )
+            await RemoteExecutor(reader, verify=True).execute([read])
         except CorruptDataError as error:
             report.add(where, f"cannot be read: {error}")
             continue
-        stored = rows.reshape(-1).view(_INT64)
+        stored = read.target.reshape(-1).view(_INT64)
         if not np.array_equal(stored, values):
             shown = f"{stored[:8].tolist()}{'...' if len(stored) > 8 else ''}"
             report.add(where, f"values {shown} differ from the manifest's")

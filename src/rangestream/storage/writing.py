@@ -31,8 +31,9 @@ from rangestream.errors import (
     MetadataError,
     WriterClosedError,
 )
-from rangestream.io.loop import io_loop, run_sync
-from rangestream.io.store import LocalStore, ObjectStore
+from rangestream.io.local import LocalStore
+from rangestream.io.process import io_loop, run_blocking
+from rangestream.io.store import ObjectStore
 from rangestream.layout.block import ArrayLayout, encode_block
 from rangestream.layout.manifest import (
     ROOT_KEY,
@@ -159,7 +160,7 @@ class WriteSession:
 
     def commit(self) -> Manifest:
         """Publish everything the session's closed writers wrote, atomically."""
-        return run_sync(self._commit())
+        return run_blocking(self._commit())
 
     def abort(self) -> None:
         """Delete everything written under this session's commit id."""
@@ -171,7 +172,7 @@ class WriteSession:
             finally:
                 await store.aclose()
 
-        run_sync(delete())
+        run_blocking(delete())
 
     async def _commit(self) -> Manifest:
         storage = self.storage
@@ -373,7 +374,7 @@ class DatasetWriter:
         if isinstance(self._store, LocalStore):
             self._store.close_files()
         elif self._pid == os.getpid():
-            run_sync(self._store.aclose())
+            run_blocking(self._store.aclose())
 
 
 class CommittingWriter(DatasetWriter):

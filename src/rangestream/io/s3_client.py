@@ -1,15 +1,13 @@
-"""Lean S3 reads: range GETs over aiohttp, SigV4-signed as botocore signs them, no botocore client.
+"""The lean S3 read client: range GETs over aiohttp, SigV4-signed as botocore signs them.
 
-Why this exists: through s3fs/aiobotocore a range GET costs about 1.5-3 ms of client CPU
-(botocore's request pipeline: parameter validation, event hooks, response parsing), against
-about 0.4 ms for a bare aiohttp loop that signs with botocore's ``S3SigV4Auth``; and making an
-s3fs client on a fresh event loop costs 150-450 ms of CPU while botocore loads its service
-models. On 2-core machines that CPU is what limits S3 reads and a DataLoader's time to first
-batch. ``FsspecStore`` therefore sends its reads (``get_range``, ``get_suffix``, ``get``,
-``size``, ``exists``) of ``s3://`` / ``s3a://`` URLs through ``S3ReadClient`` and keeps s3fs
-for writes, listings and deletes. Neither s3fs nor aiobotocore is imported for reads.
-Requests are signed by ``rangestream.io.sigv4`` (botocore's headers, at a tenth of the cost
-of its signer, which was a quarter of the client's CPU per request).
+Why this exists: a range GET through s3fs and aiobotocore runs botocore's whole request
+pipeline (parameter validation, event hooks, response parsing) in Python, several times
+the CPU of a bare aiohttp request, and making an s3fs client on a fresh event loop costs far
+more while botocore loads its service models (figures in docs/design.md). On small machines
+that CPU is what limits S3 reads and a DataLoader's time to first batch. ``S3Store`` sends
+its reads (``get_range``, ``get_suffix``, ``get``, ``size``, ``exists``) through
+``S3ReadClient`` and keeps s3fs for writes, listings and deletes; neither s3fs nor
+aiobotocore is imported for reads. Requests are signed by ``rangestream.io.sigv4``.
 
 Only storage options whose meaning this module reproduces exactly are accepted
 (``lean_read_config``); anything else (``requester_pays``, SSE-C in ``s3_additional_kwargs``,
@@ -44,13 +42,11 @@ from __future__ import annotations
 import errno
 import os
 import re
-import threading
-import weakref
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
-from rangestream.io.loop import current_pid
+from rangestream.io.process import ProcessLocal
 from rangestream.io.retry import ShortReadError
 from rangestream.io.sigv4 import SigV4Signer
 
@@ -230,22 +226,18 @@ def lean_read_config(storage_options: dict[str, Any]) -> S3ReadConfig | None:
 
 # -- credentials -------------------------------------------------------------------------
 
-_chain_lock = threading.Lock()
-_chain: tuple[int, Any] | None = None  # (pid, botocore credentials or None)
+_chain = ProcessLocal[tuple[Any]]()  # (botocore credentials or None,)
 
 
 def _chain_credentials() -> Any:
     """botocore's credential chain, resolved once per process (a few ms, plus any I/O)."""
-    global _chain
-    chain = _chain
-    if chain is not None and chain[0] == current_pid():
-        return chain[1]
-    with _chain_lock:
-        if _chain is None or _chain[0] != current_pid():
-            import botocore.session
 
-            _chain = (current_pid(), botocore.session.get_session().get_credentials())
-        return _chain[1]
+    def resolve() -> tuple[Any]:
+        import botocore.session
+
+        return (botocore.session.get_session().get_credentials(),)
+
+    return (_chain.value or _chain.get_or_make(resolve))[0]
 
 
 @dataclass(frozen=True)
@@ -270,25 +262,13 @@ def _static_credentials(config: S3ReadConfig) -> _Keys | None:
 
 # -- the client --------------------------------------------------------------------------
 
-#: Every client made in this process, so that a forked child can keep its inherited ones
-#: alive: collecting them there would close the parent's sockets in the shared epoll set.
-_live_clients: weakref.WeakSet[S3ReadClient] = weakref.WeakSet()
-_inherited: list[S3ReadClient] = []
-
-
-def _keep_inherited_clients() -> None:
-    _inherited.extend(_live_clients)
-
-
-os.register_at_fork(after_in_child=_keep_inherited_clients)
-
 
 class S3ReadClient:
     """Signed range GETs and HEADs over one aiohttp session, bound to the loop that made it.
 
     Make it inside the running loop that will use it and ``await aclose()`` before that loop
-    ends; never use it in another loop or in a forked child (``FsspecStore`` keeps one per
-    process, loop and options).
+    ends; never use it in another loop or in a forked child (``S3Store`` shares one per
+    process, loop and options, through ``fsspec_store.shared_client``).
     """
 
     def __init__(self, config: S3ReadConfig) -> None:
@@ -302,7 +282,6 @@ class S3ReadClient:
         self._signer_class = S3SigV4Auth
         self._request_class = AWSRequest
         self._url_class = URL
-        self._pid = current_pid()
         self._aws_endpoint = config.endpoint_url is None
         self._bucket_regions: dict[str, str] = {}
         self._static = None if config.anon else _static_credentials(config)
@@ -317,35 +296,28 @@ class S3ReadClient:
             auto_decompress=False,  # the stored bytes, as botocore returns them
             skip_auto_headers=("Accept-Encoding",),
         )
-        _live_clients.add(self)
 
     @property
     def closed(self) -> bool:
         return bool(self._session.closed)
 
     async def aclose(self) -> None:
-        if self._pid == current_pid():
-            await self._session.close()
+        await self._session.close()
 
     # -- reads -----------------------------------------------------------------------
     async def get_range(self, bucket: str, key: str, start: int, end: int) -> bytes:
-        """Bytes ``[start, end)``; fewer only if the object ends first (``b""`` past its end)."""
+        """Bytes ``[start, end)``; fewer only if the object ends first (``b""`` past its end).
+
+        A server that ignores the range answers 200 with the whole object: only its first
+        ``end`` bytes are read (the connection is dropped, not drained), then sliced.
+        """
         if end <= start:
             return b""
         status, headers, body = await self._send(
-            "GET", bucket, key, {"Range": f"bytes={start}-{end - 1}"}
+            "GET", bucket, key, {"Range": f"bytes={start}-{end - 1}"}, limit=end
         )
-        if status == 416:
-            return b""
-        if status == 200:  # the server ignored the range (an empty object, say)
-            return body[start:end]
-        first, last, _ = self._content_range(headers, bucket, key)
-        if first != start or last >= end or len(body) != last - first + 1:
-            raise ShortReadError(
-                f"s3://{bucket}/{key}: asked for bytes {start}-{end - 1}, got "
-                f"{headers.get('Content-Range')!r} with {len(body)} bytes"
-            )
-        return body
+        return ranged_body(status, headers.get("Content-Range"), body, start, end,
+                           f"s3://{bucket}/{key}")  # fmt: skip
 
     async def get_suffix(self, bucket: str, key: str, nbytes: int) -> bytes:
         """The last ``nbytes`` bytes (all of them if the object is shorter)."""
@@ -356,7 +328,9 @@ class S3ReadClient:
             return b""
         if status == 200:
             return body[-nbytes:]
-        first, last, total = self._content_range(headers, bucket, key)
+        first, last, total = parse_content_range(
+            headers.get("Content-Range"), f"s3://{bucket}/{key}"
+        )
         if len(body) != last - first + 1 or (total is not None and last != total - 1):
             raise ShortReadError(
                 f"s3://{bucket}/{key}: asked for the last {nbytes} bytes, got "
@@ -373,16 +347,6 @@ class S3ReadClient:
         return int(headers["Content-Length"])
 
     # -- one request -----------------------------------------------------------------
-    def _content_range(self, headers: Any, bucket: str, key: str) -> tuple[int, int, int | None]:
-        match = _CONTENT_RANGE.fullmatch(headers.get("Content-Range", ""))
-        if match is None:
-            raise ShortReadError(
-                f"s3://{bucket}/{key}: a 206 answer without a usable Content-Range "
-                f"({headers.get('Content-Range')!r})"
-            )
-        total = None if match.group(3) == "*" else int(match.group(3))
-        return int(match.group(1)), int(match.group(2)), total
-
     def _url(self, bucket: str, key: str) -> tuple[str, str]:
         """(URL, region to sign for) of an object."""
         region = self._bucket_regions.get(bucket, self.config.region)
@@ -437,11 +401,19 @@ class S3ReadClient:
         return request.headers.items()
 
     async def _send(
-        self, method: str, bucket: str, key: str, headers: dict[str, str]
+        self,
+        method: str,
+        bucket: str,
+        key: str,
+        headers: dict[str, str],
+        *,
+        limit: int | None = None,
     ) -> tuple[int, Any, bytes]:
-        """(status, headers, body) of a 2xx or 416 answer; raises the s3fs-equivalent error."""
-        if self._pid != current_pid():
-            raise RuntimeError("an S3ReadClient was used in a forked child; make a new one")
+        """(status, headers, body) of a 2xx or 416 answer; raises the s3fs-equivalent error.
+
+        ``limit`` bounds the bytes read of a 200 answer (to a range request the server did
+        not honour): the rest is never read, so a hostile object cannot exhaust memory.
+        """
         aiohttp = self._aiohttp
         for redirects in range(2):
             url, region = self._url(bucket, key)
@@ -454,8 +426,14 @@ class S3ReadClient:
                     allow_redirects=False,
                 ) as response:
                     status = response.status
-                    body = await response.read()
                     answer_headers = response.headers
+                    if status == 200 and limit is not None:
+                        body = await _read_at_most(response, limit)
+                        if len(body) == limit:
+                            response.close()  # more may follow: drop, do not drain
+                            return status, answer_headers, body
+                    else:
+                        body = await response.read()
             except aiohttp.ConnectionTimeoutError as error:
                 from botocore.exceptions import ConnectTimeoutError
 
@@ -480,6 +458,55 @@ class S3ReadClient:
                 continue
             raise _error(status, body, f"s3://{bucket}/{key}")
         raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def _read_at_most(response: Any, limit: int) -> bytes:
+    parts = []
+    remaining = limit
+    while remaining > 0:
+        part = await response.content.read(min(remaining, 1 << 20))
+        if not part:
+            break
+        parts.append(part)
+        remaining -= len(part)
+    return b"".join(parts)
+
+
+def parse_content_range(value: str | None, where: str) -> tuple[int, int, int | None]:
+    """``(first, last, total)`` of a ``Content-Range: bytes a-b/n`` header (``n`` may be ``*``)."""
+    match = _CONTENT_RANGE.fullmatch(value or "")
+    if match is None:
+        raise ShortReadError(f"{where}: a 206 answer without a usable Content-Range ({value!r})")
+    total = None if match.group(3) == "*" else int(match.group(3))
+    return int(match.group(1)), int(match.group(2)), total
+
+
+def ranged_body(
+    status: int, content_range: str | None, body: bytes, start: int, end: int, where: str
+) -> bytes:
+    """The bytes ``[start, end)`` of an answer to a range request, checked.
+
+    Every S3 read path calls this: a 206 must carry the range asked for (a server that
+    answers another range must never pass for the one asked); a 200 is the whole object,
+    of which the caller read at most ``end`` bytes; a 416 means the range starts past the
+    object's end (``b""``).
+    """
+    if status == 416:
+        return b""
+    if status == 200:  # the server ignored the range (or the object is empty)
+        return body[start:end]
+    first, last, total = parse_content_range(content_range, where)
+    if first != start or last >= end or len(body) != last - first + 1:
+        raise ShortReadError(
+            f"{where}: asked for bytes {start}-{end - 1}, got {content_range!r} with "
+            f"{len(body)} bytes"
+        )
+    if last != end - 1 and (total is None or last != total - 1):
+        raise ShortReadError(
+            f"{where}: asked for bytes {start}-{end - 1}, got {content_range!r}: the answer "
+            "ends early although the object does not"
+        )
+    return body
 
 
 def _error(status: int, body: bytes, where: str) -> OSError:

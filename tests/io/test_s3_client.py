@@ -24,10 +24,11 @@ from rangestream.errors import (
     StorageError,
     TruncatedObjectError,
 )
-from rangestream.io import RangeReader, RangeRequest, RetryPolicy, SuffixRequest
-from rangestream.io.loop import run_sync
+from rangestream.io import RangeReader, RangeRequest, RetryPolicy, S3Store, SuffixRequest
+from rangestream.io.process import run_blocking as run_sync
 from rangestream.io.retry import is_transient
-from rangestream.io.s3_reads import (
+from rangestream.io.s3 import _LeanReads
+from rangestream.io.s3_client import (
     READS_ENV,
     S3ReadClient,
     S3RequestError,
@@ -35,7 +36,6 @@ from rangestream.io.s3_reads import (
     _error,
     lean_read_config,
 )
-from rangestream.io.store import FsspecStore
 from rangestream.testing import FaultKind, LatencyProxy, S3Endpoint
 
 SIZE = 100_003
@@ -68,13 +68,13 @@ def reads(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> st
     return str(request.param)
 
 
-def make_store(url: str, options: dict[str, Any], reads: str) -> FsspecStore:
-    store = FsspecStore(url, options)
-    assert (store._read_config is not None) == (reads == "lean")
+def make_store(url: str, options: dict[str, Any], reads: str) -> S3Store:
+    store = S3Store(url, options)
+    assert isinstance(store._reads, _LeanReads) == (reads == "lean")
     return store
 
 
-def run(store: FsspecStore, coroutine: Any) -> Any:
+def run(store: S3Store, coroutine: Any) -> Any:
     async def main() -> Any:
         try:
             return await coroutine
@@ -332,15 +332,15 @@ def test_options_the_lean_client_does_not_reproduce_keep_reads_on_s3fs(
     options: dict[str, Any],
 ) -> None:
     assert lean_read_config(options) is None
-    store = FsspecStore("s3://bucket/ds", options)
-    assert store._read_config is None
+    store = S3Store("s3://bucket/ds", options)
+    assert not isinstance(store._reads, _LeanReads)
 
 
 def test_the_environment_switch_keeps_reads_on_s3fs(monkeypatch: pytest.MonkeyPatch) -> None:
     options = {"key": "k", "secret": "s", "client_kwargs": {"endpoint_url": "http://a:1"}}
-    assert FsspecStore("s3://bucket/ds", options)._read_config is not None
+    assert isinstance(S3Store("s3://bucket/ds", options)._reads, _LeanReads)
     monkeypatch.setenv(READS_ENV, "s3fs")
-    assert FsspecStore("s3://bucket/ds", options)._read_config is None
+    assert not isinstance(S3Store("s3://bucket/ds", options)._reads, _LeanReads)
 
 
 def test_credentials_come_from_the_environment_when_options_have_none(
@@ -357,8 +357,8 @@ def test_reads_import_neither_s3fs_nor_aiobotocore(prefix: str, s3_server: S3End
     script = textwrap.dedent(
         f"""
         import sys
-        from rangestream.io.store import open_store
-        from rangestream.io.loop import run_sync
+        from rangestream.io import open_store
+        from rangestream.io.process import run_blocking as run_sync
         store = open_store({prefix!r}, {s3_server.storage_options!r})
         assert len(run_sync(store.get_range("blob", 0, 100))) == 100
         print(sorted(m for m in ("s3fs", "aiobotocore", "fsspec") if m in sys.modules))
@@ -372,7 +372,7 @@ def test_reads_import_neither_s3fs_nor_aiobotocore(prefix: str, s3_server: S3End
 # -- processes and loops -------------------------------------------------------------------
 
 
-def _read_in_child(store: FsspecStore, queue: Any) -> None:
+def _read_in_child(store: S3Store, queue: Any) -> None:
     try:
         queue.put(run_sync(store.get_range("blob", 1000, 1100)))
     except BaseException as error:  # report instead of hanging the parent
@@ -384,7 +384,7 @@ def test_a_forked_child_reads_through_a_store_the_parent_used(
 ) -> None:
     store = make_store(prefix, s3_server.storage_options, "lean")
     assert run_sync(store.get_range("blob", 0, 100)) == content[:100]  # the parent's session
-    parent_client = run_sync(store._reads())
+    parent_client = run_sync(store._reads.client())
     context = multiprocessing.get_context("fork")
     queue = context.Queue()
     child = context.Process(target=_read_in_child, args=(store, queue))
@@ -395,7 +395,7 @@ def test_a_forked_child_reads_through_a_store_the_parent_used(
     # the parent's pooled connections survived the child (no epoll entries were removed)
     for start in range(0, 5000, 500):
         assert run_sync(store.get_range("blob", start, start + 10)) == content[start : start + 10]
-    assert run_sync(store._reads()) is parent_client
+    assert run_sync(store._reads.client()) is parent_client
 
 
 def test_each_loop_gets_its_own_session_closed_when_the_loop_ends(
@@ -406,7 +406,7 @@ def test_each_loop_gets_its_own_session_closed_when_the_loop_ends(
 
     async def main() -> bytes:
         data = await store.get_range("blob", 7, 70)
-        clients.append(await store._reads())
+        clients.append(await store._reads.client())
         return data
 
     assert asyncio.run(main()) == content[7:70]
@@ -420,17 +420,17 @@ def test_stores_with_the_same_options_share_one_session(prefix: str, s3_server: 
     second = make_store(prefix, s3_server.storage_options, "lean")
 
     async def main() -> bool:
-        return await first._reads() is await second._reads()
+        return await first._reads.client() is await second._reads.client()
 
     assert asyncio.run(main())
 
 
 @pytest.fixture
-def writes_store(s3_url: Any) -> Iterator[FsspecStore]:
+def writes_store(s3_url: Any) -> Iterator[S3Store]:
     yield make_store(s3_url.url, s3_url.storage_options, "lean")
 
 
-def test_writes_still_go_through_s3fs_and_reads_see_them(writes_store: FsspecStore) -> None:
+def test_writes_still_go_through_s3fs_and_reads_see_them(writes_store: S3Store) -> None:
     store = writes_store
 
     async def main() -> tuple[bytes, list[str], bool]:

@@ -414,7 +414,7 @@ def read_counting_rounds(reader: Any, start: int, length: int) -> tuple[Any, Any
             return stop.value
 
     before = reader.stats.copy()
-    window = reader.opened.reader.run_sync(counted(reader.opened.read(start, length)))
+    window = reader.opened.run_sync(counted(reader.opened.read(start, length)))
     return window, reader.stats - before, rounds
 
 

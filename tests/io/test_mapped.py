@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rangestream.io.local_map import LocalMapCache, map_file
+from rangestream.io.mapped import LocalMapCache, map_file
 
 
 def make_files(tmp_path: Path, count: int, size: int = 5000) -> list[str]:
@@ -24,7 +24,7 @@ def make_files(tmp_path: Path, count: int, size: int = 5000) -> list[str]:
 
 def test_a_mapped_file_reads_as_its_bytes_and_is_read_only(tmp_path: Path) -> None:
     (path,) = make_files(tmp_path, 1)
-    mapped = LocalMapCache().open(path, units=3)
+    mapped = LocalMapCache(str(tmp_path)).open(path, units=3)
     assert mapped.size == 5000
     assert mapped.data.tobytes() == Path(path).read_bytes()
     assert not mapped.data.flags.writeable
@@ -34,7 +34,7 @@ def test_a_mapped_file_reads_as_its_bytes_and_is_read_only(tmp_path: Path) -> No
 
 def test_opening_a_cached_path_returns_the_same_mapping(tmp_path: Path) -> None:
     (path,) = make_files(tmp_path, 1)
-    cache = LocalMapCache()
+    cache = LocalMapCache(str(tmp_path))
     assert cache.get(path) is None
     first = cache.open(path)
     assert cache.open(path) is first and cache.get(path) is first and len(cache) == 1
@@ -44,7 +44,7 @@ def test_the_cache_keeps_at_most_max_files_dropping_the_least_recently_used(
     tmp_path: Path,
 ) -> None:
     paths = make_files(tmp_path, 5)
-    cache = LocalMapCache(max_files=3)
+    cache = LocalMapCache(str(tmp_path), max_files=3)
     for path in paths[:3]:
         cache.open(path)
     cache.get(paths[0])  # now the most recently used: paths[1] is the oldest
@@ -57,7 +57,7 @@ def test_the_cache_keeps_at_most_max_files_dropping_the_least_recently_used(
 
 def test_an_array_over_a_dropped_mapping_stays_readable(tmp_path: Path) -> None:
     paths = make_files(tmp_path, 2)
-    cache = LocalMapCache(max_files=1)
+    cache = LocalMapCache(str(tmp_path), max_files=1)
     kept = cache.open(paths[0]).data[100:200]  # a view: keeps the mapping alive
     cache.open(paths[1])  # drops paths[0] from the cache
     cache.clear()
@@ -69,19 +69,19 @@ def test_an_array_over_a_dropped_mapping_stays_readable(tmp_path: Path) -> None:
 def test_an_empty_file_maps_to_zero_bytes(tmp_path: Path) -> None:
     path = tmp_path / "empty"
     path.write_bytes(b"")
-    mapped = map_file(str(path), units=2)
+    mapped = map_file(str(path), str(tmp_path), units=2)
     assert mapped.size == 0 and len(mapped.data) == 0 and not mapped.covers(1)
 
 
 def test_a_missing_file_raises_file_not_found(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
-        LocalMapCache().open(str(tmp_path / "missing"))
+        LocalMapCache(str(tmp_path)).open(str(tmp_path / "missing"))
 
 
-def test_max_files_must_be_a_positive_integer() -> None:
+def test_max_files_must_be_a_positive_integer(tmp_path: Path) -> None:
     for bad in (0, -1, True, 2.5):
         with pytest.raises(ValueError, match="max_files"):
-            LocalMapCache(max_files=bad)  # type: ignore[arg-type]
+            LocalMapCache(str(tmp_path), max_files=bad)  # type: ignore[arg-type]
 
 
 _CACHE: LocalMapCache | None = None
@@ -98,7 +98,7 @@ def _child_reads(path: str) -> tuple[bool, bool, int, bytes]:
 def test_a_forked_child_drops_the_parents_mappings_and_maps_its_own(tmp_path: Path) -> None:
     global _CACHE, _PARENT_ENTRY
     paths = make_files(tmp_path, 2)
-    _CACHE = LocalMapCache()
+    _CACHE = LocalMapCache(str(tmp_path))
     _PARENT_ENTRY = _CACHE.open(paths[0])
     _CACHE.open(paths[1])
     context = multiprocessing.get_context("fork")

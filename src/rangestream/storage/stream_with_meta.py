@@ -42,17 +42,17 @@ from typing import Any
 
 import numpy as np
 
+from rangestream.arguments import integer
 from rangestream.errors import CorruptDataError, InvalidRecordError, SchemaMismatchError
-from rangestream.io.range_reader import ReadProgram
-from rangestream.io.store import ObjectStore
 from rangestream.layout.block import ArrayLayout
-from rangestream.layout.dtypes import check_plain_dtype, dtype_from_json, dtype_to_json
+from rangestream.layout.caches import ArrayCache
+from rangestream.layout.executors import Program
 from rangestream.layout.manifest import Manifest
-from rangestream.layout.rows import ArrayCache, RowRange
-from rangestream.storage.base import Storage
+from rangestream.layout.pieces import RowRead
 from rangestream.storage.stream import (
     AsyncStreamStorageReader,
     OpenedStream,
+    StreamStorage,
     StreamStorageReader,
     check_stream_array,
 )
@@ -233,9 +233,12 @@ class _MetaShardEncoder(ShardEncoder):
 class _Segment:
     """The part of one read inside one shard, and what the read learns about it."""
 
-    __slots__ = ("ends", "first_chunk", "heap", "last_chunk", "offsets", "shard", "start", "stop")
+    __slots__ = (
+        "ends", "first_chunk", "heap", "last_chunk", "offsets", "part", "shard", "start", "stop",
+    )  # fmt: skip
 
-    def __init__(self, shard: int, start: int, stop: int) -> None:
+    def __init__(self, part: int, shard: int, start: int, stop: int) -> None:
+        self.part = part
         self.shard = shard
         self.start = start
         self.stop = stop
@@ -257,15 +260,21 @@ class OpenedStreamWithMeta(OpenedStream):
     used inner chunks of ``runs``.
     """
 
-    def __init__(self, storage: Storage, store: ObjectStore, manifest: Manifest) -> None:
-        super().__init__(storage, store, manifest)
-        self.format: StreamWithMetaStorageFormat[Any, Any, Any] = storage.storage_format  # type: ignore[attr-defined,assignment]
-        self.run_chunk_rows = manifest.arrays["runs"].chunk_rows
-        self.run_indexes = ArrayCache(getattr(storage, "run_index_cache_bytes", 0))
-        self.run_chunks = ArrayCache(getattr(storage, "run_cache_bytes", 0))
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        storage: Any = self.storage
+        self.run_chunk_rows = self.manifest.arrays["runs"].chunk_rows
+        self.run_indexes = ArrayCache(storage.run_index_cache_bytes)
+        self.run_chunks = ArrayCache(storage.run_cache_bytes)
+
+    def read_in_block(self, global_index: Any, length: Any) -> Any:
+        return None  # a window needs its payloads too: always the program
 
     def _where(self, shard: int, name: str) -> str:
         return self.describe(self.manifest.array_key(shard, name))
+
+    def _rows(self, shard: int, name: str, start: int, stop: int) -> RowRead:
+        return RowRead.whole(self.array(shard, name), start, stop)
 
     def _check_run_index(self, shard: int, index: np.ndarray) -> np.ndarray:
         runs_length = self.shard_length("runs", shard)
@@ -305,7 +314,7 @@ class OpenedStreamWithMeta(OpenedStream):
 
     def read_many_parts(
         self, requests: Sequence[tuple[int, int]]
-    ) -> ReadProgram[list[tuple[np.ndarray, np.ndarray, np.ndarray, list[bytes]]]]:
+    ) -> Program[list[tuple[np.ndarray, np.ndarray, np.ndarray, list[bytes]]]]:
         """``(stream, document_shard, document_index, document_data)`` of several reads.
 
         Each round is shared by all reads: the coarse run indexes of shards this reader has
@@ -313,8 +322,13 @@ class OpenedStreamWithMeta(OpenedStream):
         bytes of the segments whose runs are all cached; then, if ``runs`` chunks were
         read, the heap bytes of the remaining segments. A warm window is one round.
         """
-        plans = [self.plan(*self.check_range(g, n)) for g, n in requests]
-        segments = [_Segment(*part) for plan in plans for part in plan]
+        stream_reads, windows = self.window_reads(requests)
+        plans = [self.segments(*self.check_range(start, length)) for start, length in requests]
+        segments = [
+            _Segment(part, self.shard_ids[part], low, high)
+            for plan in plans
+            for part, low, high in plan
+        ]
         shards = sorted({segment.shard for segment in segments})
 
         # Round 0: coarse run indexes, once per shard and reader.
@@ -327,14 +341,14 @@ class OpenedStreamWithMeta(OpenedStream):
             else:
                 indexes[shard] = cached
         if missing_shards:
-            parts = yield from self.rows(
-                [
-                    self.row_range(s, "run_index", 0, self.shard_length("run_index", s))
-                    for s in missing_shards
-                ]
-            )
-            for shard, part in zip(missing_shards, parts, strict=True):
-                index = self._check_run_index(shard, part.reshape(-1).view(_INT64).reshape(-1, 2))
+            reads = [
+                self._rows(s, "run_index", 0, self.shard_length("run_index", s))
+                for s in missing_shards
+            ]
+            yield reads
+            for shard, read in zip(missing_shards, reads, strict=True):
+                rows = read.target.reshape(-1).view(_INT64).reshape(-1, 2)
+                index = self._check_run_index(shard, rows)
                 indexes[shard] = index
                 self.run_indexes.put(shard, index)
 
@@ -368,25 +382,23 @@ class OpenedStreamWithMeta(OpenedStream):
                     first = chunk
         rows_per_chunk = self.run_chunk_rows
         early_heaps = [s for s in known if s.offsets[-1] > s.offsets[0]]
-        read = yield from self.rows(
-            [self.row_range(s.shard, "stream", s.start, s.stop) for s in segments]
-            + [
-                self.row_range(
-                    shard,
-                    "runs",
-                    first * rows_per_chunk,
-                    min((last + 1) * rows_per_chunk, self.shard_length("runs", shard)),
-                )
-                for shard, first, last in run_ranges
-            ]
-            + [self._heap_range(s) for s in early_heaps]
-        )
-        stream_parts = read[: len(segments)]
-        run_parts = read[len(segments) : len(segments) + len(run_ranges)]
-        for segment, part in zip(early_heaps, read[len(segments) + len(run_ranges) :], strict=True):
-            segment.heap = part.tobytes()
-        for (shard, first, _last), part in zip(run_ranges, run_parts, strict=True):
-            rows = part.reshape(-1).view(_INT64).reshape(-1, 2)
+        run_reads = [
+            self._rows(
+                shard,
+                "runs",
+                first * rows_per_chunk,
+                min((last + 1) * rows_per_chunk, self.shard_length("runs", shard)),
+            )
+            for shard, first, last in run_ranges
+        ]
+        heap_reads = [self._heap_read(s) for s in early_heaps]
+        step = [*stream_reads, *run_reads, *heap_reads]
+        if step:
+            yield step
+        for segment, read in zip(early_heaps, heap_reads, strict=True):
+            segment.heap = read.target.tobytes()
+        for (shard, first, _last), read in zip(run_ranges, run_reads, strict=True):
+            rows = read.target.reshape(-1).view(_INT64).reshape(-1, 2)
             for offset in range(0, len(rows), rows_per_chunk):
                 chunk_rows = rows[offset : offset + rows_per_chunk]
                 chunks[shard, first + offset // rows_per_chunk] = chunk_rows
@@ -398,23 +410,22 @@ class OpenedStreamWithMeta(OpenedStream):
             for segment in late:
                 self._bound_runs(segment, self._rows_of_runs(segment, indexes, chunks))
             late_heaps = [s for s in late if s.offsets[-1] > s.offsets[0]]
-            parts = yield from self.rows([self._heap_range(s) for s in late_heaps])
-            for segment, part in zip(late_heaps, parts, strict=True):
-                segment.heap = part.tobytes()
+            late_reads = [self._heap_read(s) for s in late_heaps]
+            if late_reads:
+                yield late_reads
+            for segment, read in zip(late_heaps, late_reads, strict=True):
+                segment.heap = read.target.tobytes()
 
         results = []
         position = 0
-        for plan in plans:
+        for plan, (window, _lengths, _shards) in zip(plans, windows, strict=True):
             mine = segments[position : position + len(plan)]
-            pieces = stream_parts[position : position + len(plan)]
             position += len(plan)
-            results.append(self._assemble(mine, pieces))
+            results.append(self._assemble(mine, window.array()))
         return results
 
-    def _heap_range(self, segment: _Segment) -> RowRange:
-        return self.row_range(
-            segment.shard, "payload_heap", segment.offsets[0], segment.offsets[-1]
-        )
+    def _heap_read(self, segment: _Segment) -> RowRead:
+        return self._rows(segment.shard, "payload_heap", segment.offsets[0], segment.offsets[-1])
 
     def _bound_runs(self, segment: _Segment, rows: np.ndarray) -> None:
         """Check and keep the runs rows from the segment's start through its stop."""
@@ -441,14 +452,8 @@ class OpenedStreamWithMeta(OpenedStream):
         segment.offsets = heap_ends
 
     def _assemble(
-        self, segments: list[_Segment], pieces: list[np.ndarray]
+        self, segments: list[_Segment], stream: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[bytes]]:
-        if len(pieces) == 1:
-            stream = pieces[0].reshape(-1).view(self.dtype)
-        elif pieces:
-            stream = np.concatenate(pieces).reshape(-1).view(self.dtype)
-        else:
-            stream = np.empty(0, dtype=self.dtype)
         counts: list[int] = []  # elements of each referenced run inside the window
         shards: list[int] = []  # shard of each referenced run
         document_data: list[bytes] = []
@@ -465,16 +470,16 @@ class OpenedStreamWithMeta(OpenedStream):
         document_index = np.repeat(np.arange(len(counts), dtype=np.int32), counts)
         return stream, np.asarray(shards, dtype=np.int64), document_index, document_data
 
-    def read_many(self, requests: Sequence[tuple[int, int]]) -> ReadProgram[list[Any]]:
+    def read_many(self, requests: Sequence[tuple[int, int]]) -> Program[list[Any]]:
         results = yield from self.read_many_parts(requests)
         return [self.format.unpack(*parts) for parts in results]
 
-    def read(self, global_index: int, length: int) -> ReadProgram[Any]:
+    def read(self, global_index: int, length: int) -> Program[Any]:
         (parts,) = yield from self.read_many_parts([(global_index, length)])
         return self.format.unpack(*parts)
 
 
-class StreamWithMetaStorage(Storage):
+class StreamWithMetaStorage(StreamStorage):
     """A stream of fixed-size elements whose runs each carry a variable-size payload.
 
     Use it when tokens need annotations a fixed-size field cannot hold (concept lists per
@@ -504,6 +509,7 @@ class StreamWithMetaStorage(Storage):
 
     kind = "stream_with_meta"
     opened_class = OpenedStreamWithMeta
+    format_methods = ("size", "pack", "unpack")
 
     def __init__(
         self,
@@ -514,23 +520,9 @@ class StreamWithMetaStorage(Storage):
         run_index_cache_bytes: int = DEFAULT_RUN_INDEX_CACHE_BYTES,
         **options: Any,
     ) -> None:
-        super().__init__(url, **options)
-        dtype = getattr(storage_format, "stream_dtype", None)
-        if not isinstance(dtype, np.dtype):
-            raise TypeError(
-                "storage_format must have a numpy stream_dtype, got "
-                f"{type(storage_format).__name__}"
-            )
-        for method in ("size", "pack", "unpack"):
-            if not callable(getattr(storage_format, method, None)):
-                raise TypeError(
-                    f"storage_format must have a {method} method, got "
-                    f"{type(storage_format).__name__}"
-                )
-        check_plain_dtype(dtype, "stream_dtype")
-        if run_cache_bytes < 0 or run_index_cache_bytes < 0:
-            raise ValueError("cache sizes must be >= 0")
-        self.storage_format = storage_format
+        super().__init__(url, storage_format, **options)  # type: ignore[arg-type]
+        integer(run_cache_bytes, "run_cache_bytes", minimum=0)
+        integer(run_index_cache_bytes, "run_index_cache_bytes", minimum=0)
         self.run_cache_bytes = run_cache_bytes
         self.run_index_cache_bytes = run_index_cache_bytes
 
@@ -552,16 +544,8 @@ class StreamWithMetaStorage(Storage):
             return {"rangestream_columns": _RUN_COLUMNS, "rangestream_runs_row_stride": stride}
         return {}
 
-    def _schema(self) -> dict[str, Any]:
-        return {"stream_dtype": dtype_to_json(self.storage_format.stream_dtype)}
-
     def _check_schema(self, manifest: Manifest) -> None:
-        stored = dtype_from_json(manifest.schema.get("stream_dtype"), "stored stream_dtype")
-        if stored != self.storage_format.stream_dtype:
-            raise SchemaMismatchError(
-                f"{self.url} stores stream_dtype {stored}, but the format has "
-                f"{self.storage_format.stream_dtype}"
-            )
+        self._check_stream_dtype(manifest)
         if set(manifest.arrays) != _ARRAYS:
             raise SchemaMismatchError(
                 f"{self.url} does not hold a stream-with-metadata dataset's arrays"
@@ -579,14 +563,6 @@ class StreamWithMetaStorage(Storage):
     def _shard_encoder(self) -> ShardEncoder:
         return _MetaShardEncoder(self.storage_format, self._array_layouts()["runs"].chunk_rows)
 
-    def sync_reader(self) -> StreamWithMetaStorageReader:
-        """A reader that blocks; on a local path it reads with ``pread`` directly."""
-        return StreamWithMetaStorageReader(self)
-
-    def async_reader(self) -> AsyncStreamWithMetaStorageReader:
-        """A reader for ``async with``; bound to the loop that enters it."""
-        return AsyncStreamWithMetaStorageReader(self)
-
 
 class StreamWithMetaStorageReader(StreamStorageReader):
     """Sync reads of a stream-with-metadata storage: ``read``, ``read_many``, lengths, stats.
@@ -598,3 +574,7 @@ class StreamWithMetaStorageReader(StreamStorageReader):
 
 class AsyncStreamWithMetaStorageReader(AsyncStreamStorageReader):
     """Async reads of a stream-with-metadata storage, with the sync reader's API awaited."""
+
+
+StreamWithMetaStorage.sync_reader_class = StreamWithMetaStorageReader
+StreamWithMetaStorage.async_reader_class = AsyncStreamWithMetaStorageReader

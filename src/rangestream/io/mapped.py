@@ -15,8 +15,8 @@ Rules that make this safe:
   unmapped by refcounting, when the last numpy array over it goes away; nothing here calls
   ``mmap.close()`` (which would raise ``BufferError`` while views exist). Readers copy out
   of the mapping, so the arrays they return own their memory and hold no mapping alive.
-- **Per process**: after ``fork`` the child drops the parent's entries (and lock) on its
-  first call and maps files itself (``rangestream.io.loop.current_pid``).
+- **Per process**: the entries live in a ``ProcessLocal``; a forked child starts with none
+  and maps files itself.
 - **No SIGBUS**: a mapping covers exactly the file's size when it was mapped, and callers
   compare the bytes they slice with ``MappedFile.size`` (``MappedFile.covers``), so a file
   shorter than its metadata says is reported as such instead of faulting. The files are
@@ -35,7 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from rangestream.io.loop import current_pid
+from rangestream.io.local import open_regular_file
+from rangestream.io.process import ProcessLocal
 
 __all__ = ["DEFAULT_MAX_MAPPED_FILES", "LocalMapCache", "MappedFile"]
 
@@ -71,9 +72,13 @@ class MappedFile:
         return end <= self.size
 
 
-def map_file(path: str, units: int = 0) -> MappedFile:
-    """Map ``path`` read-only; ``FileNotFoundError`` / ``OSError`` as ``os.open`` raises."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+def map_file(path: str, root: str, units: int = 0) -> MappedFile:
+    """Map ``path``, a regular file under the resolved ``root``, read-only.
+
+    ``FileNotFoundError`` / ``OSError`` as ``os.open`` raises; a file that is not regular
+    or leads out of ``root`` is refused (``rangestream.io.local.open_regular_file``).
+    """
+    fd = open_regular_file(path, root)
     try:
         size = os.fstat(fd).st_size
         if size == 0:  # mmap refuses empty files; nothing can be sliced out of one anyway
@@ -84,20 +89,29 @@ def map_file(path: str, units: int = 0) -> MappedFile:
     return MappedFile(path, np.frombuffer(mapping, dtype=np.uint8), units)
 
 
+class _Entries:
+    """This process's mapped files, least recently used first, and the lock for opening."""
+
+    def __init__(self) -> None:
+        self.files: OrderedDict[Hashable, MappedFile] = OrderedDict()
+        self.lock = threading.Lock()
+
+
 class LocalMapCache:
-    """Least-recently-used mapped files, at most ``max_files`` of them.
+    """Least-recently-used mapped files of one dataset root, at most ``max_files`` of them.
 
     Entries are keyed by path, or by any hashable ``key`` a caller gives ``open`` and then
     ``get`` (a hot loop can look a block up by an int it computes, without making the path).
 
     Parameters
     ----------
+    root
+        The dataset's directory, resolved: mapped files must lie under it.
     max_files
         Files kept mapped; opening one more drops the least recently used entry.
 
-    ``files`` (key to entry, least recently used first) and ``pid`` are public so a hot
-    loop can inline ``get``: call ``check_process()`` when ``pid`` is not
-    ``current_pid()``, then look up ``files`` and ``move_to_end`` the hit.
+    ``entries()`` returns the process's ``OrderedDict`` (key to entry) so a hot loop can
+    inline ``get``: look the key up and ``move_to_end`` the hit.
 
     ``get`` (a hit) takes no lock: dictionary operations are atomic under the GIL, and an
     entry dropped by another thread between ``get`` and ``move_to_end`` stays usable by
@@ -105,34 +119,27 @@ class LocalMapCache:
     threads race on one path.
     """
 
-    def __init__(self, max_files: int = DEFAULT_MAX_MAPPED_FILES) -> None:
+    def __init__(self, root: str, max_files: int = DEFAULT_MAX_MAPPED_FILES) -> None:
         if isinstance(max_files, bool) or not isinstance(max_files, int) or max_files < 1:
             raise ValueError(f"max_files must be a positive integer, got {max_files!r}")
+        self.root = os.path.realpath(root)
         self.max_files = max_files
-        self.files: OrderedDict[Hashable, MappedFile] = OrderedDict()
-        self._lock = threading.Lock()
-        self.pid = current_pid()
+        self._entries = ProcessLocal[_Entries]()
+
+    def entries(self) -> OrderedDict[Hashable, MappedFile]:
+        """This process's entries (key to mapped file, least recently used first)."""
+        entries = self._entries.value or self._entries.get_or_make(_Entries)
+        return entries.files
 
     def __len__(self) -> int:
-        self.check_process()
-        return len(self.files)
+        return len(self.entries())
 
     def __contains__(self, key: Hashable) -> bool:
-        self.check_process()
-        return key in self.files
-
-    def check_process(self) -> None:
-        """In a forked child, drop the parent's entries and lock (done by every method)."""
-        if self.pid != current_pid():  # inherited from a parent: start afresh
-            self.files = OrderedDict()
-            self._lock = threading.Lock()
-            self.pid = current_pid()
+        return key in self.entries()
 
     def get(self, key: Hashable) -> MappedFile | None:
         """The mapped file if cached (now the most recently used), else ``None``."""
-        if self.pid != current_pid():
-            self.check_process()
-        files = self.files
+        files = self.entries()
         found = files.get(key)
         if found is not None:
             try:  # noqa: SIM105 - contextlib.suppress costs more than the move itself
@@ -152,9 +159,10 @@ class LocalMapCache:
         found = self.get(key)
         if found is not None:
             return found
-        mapped = map_file(path, units)
-        with self._lock:
-            files = self.files
+        mapped = map_file(path, self.root, units)
+        entries = self._entries.value or self._entries.get_or_make(_Entries)
+        with entries.lock:
+            files = entries.files
             found = files.get(key)
             if found is not None:
                 return found  # another thread mapped it first; ours is dropped unused
@@ -165,6 +173,4 @@ class LocalMapCache:
 
     def clear(self) -> None:
         """Drop every entry (mappings still referenced by arrays live until those go)."""
-        self.check_process()
-        with self._lock:
-            self.files = OrderedDict()
+        self._entries.pop()

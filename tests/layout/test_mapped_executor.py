@@ -1,6 +1,6 @@
-"""Local sync stream reads out of mapped blocks: the same elements, segments, counts and
-errors as the generic ``pread`` path, each inner chunk verified once per process, and the
-generic path for everything the mapped one does not serve."""
+"""The mapped executor, through local stream reads: the same elements, segments, counts and
+errors as the ``pread`` path of the remote executor, each inner chunk verified once per
+process, and the remote executor for everything the mapped one does not serve."""
 
 from __future__ import annotations
 
@@ -14,11 +14,10 @@ import numpy as np
 import pytest
 from support.copies import Copies
 
-import rangestream.layout.block as block
+import rangestream.layout.checksums as checksums
 from rangestream import StreamNumpyFormat, StreamStorage
 from rangestream.errors import ChecksumError, TruncatedObjectError
-from rangestream.io.store import LocalStore, ObjectStore
-from rangestream.storage.stream_mapped import MappedStreamReads
+from rangestream.layout.executors import MappedExecutor
 
 pytestmark = pytest.mark.usefixtures("copies")  # each test with compiled and numpy copies
 
@@ -29,11 +28,9 @@ STORED_CHUNK = 84
 SHARD_LENGTHS = {0: 700, 2: 333, 3: 0, 5: 901}  # shard 3 is empty
 
 
-class PreadStorage(StreamStorage):
-    """Reads through a ``LocalStore`` subclass, which keeps the generic ``pread`` path."""
-
-    def _new_store(self) -> ObjectStore:
-        return type("PlainLocalStore", (LocalStore,), {})(self.url)
+def pread_storage(path: Path) -> StreamStorage:
+    """The same dataset read with ``pread`` (mapped reads switched off)."""
+    return StreamStorage(path, StreamNumpyFormat(TOKENS), mapped=False)
 
 
 def write(path: Path) -> np.ndarray:
@@ -66,10 +63,10 @@ def test_reads_equal_the_pread_path_in_elements_segments_and_counts(
 ) -> None:
     truth = write(tmp_path / "ds")
     mapped = StreamStorage(tmp_path / "ds", StreamNumpyFormat(TOKENS))
-    plain = PreadStorage(tmp_path / "ds", StreamNumpyFormat(TOKENS))
+    plain = pread_storage(tmp_path / "ds")
     with mapped.sync_reader() as fast, plain.sync_reader() as slow:
-        assert isinstance(fast._mapped_reads(), MappedStreamReads)
-        assert slow._mapped_reads() is None
+        assert isinstance(fast.opened.mapped, MappedExecutor)
+        assert slow.opened.mapped is None
         for start, length in windows(len(truth), 300, seed=1):
             got, expected = fast.read(start, length), slow.read(start, length)
             for name in TOKENS.names or ():
@@ -85,7 +82,7 @@ def test_reads_equal_the_pread_path_in_elements_segments_and_counts(
         assert fast.stats.bytes == slow.stats.bytes
         assert fast.stats.by_key_kind == slow.stats.by_key_kind
         # the mapped path really served the in-block windows: its blocks are mapped
-        assert len(fast._mapped_reads().maps) > 0
+        assert len(fast.opened.mapped.maps) > 0
         assert (copies.calls > 0) == (copies.kind == "compiled")
 
 
@@ -95,13 +92,13 @@ def test_segments_name_the_shard_and_windows_across_shards_or_blocks_still_read(
     truth = write(tmp_path / "ds")
     storage = StreamStorage(tmp_path / "ds", StreamNumpyFormat(TOKENS))
     with storage.sync_reader() as reader:
-        mapped = reader._mapped_reads()
-        assert mapped is not None
-        inside = mapped.read_one(700 + 10, 20)  # shard 2, block 0
+        opened = reader.opened
+        inside = opened.read_in_block(700 + 10, 20)  # shard 2, block 0
         assert inside is not None
-        assert inside[1].tolist() == [20] and inside[2].tolist() == [2]
-        assert mapped.read_one(60, 10) is None  # crosses blocks 0 and 1 of shard 0
-        assert mapped.read_one(695, 10) is None  # crosses from shard 0 into shard 2
+        lengths, shards = opened.segment_arrays(20, 1)  # shard 2 is the second shard
+        assert lengths.tolist() == [20] and shards.tolist() == [2]
+        assert opened.read_in_block(60, 10) is None  # crosses blocks 0 and 1 of shard 0
+        assert opened.read_in_block(695, 10) is None  # crosses from shard 0 into shard 2
         for start, length in [(60, 10), (695, 10), (1030, 10), (0, len(truth))]:
             got = reader.read(start, length)
             np.testing.assert_array_equal(got["tokens"], truth["tokens"][start : start + length])
@@ -117,7 +114,7 @@ def test_each_inner_chunk_is_verified_once_per_process(
     write(tmp_path / "ds")
     storage = StreamStorage(tmp_path / "ds", StreamNumpyFormat(TOKENS))
     checked: list[int] = []
-    original = block.crc32c_value
+    original = checksums.crc32c_value
 
     def counting(data: Any) -> int:
         checked.append(len(data))
@@ -125,7 +122,7 @@ def test_each_inner_chunk_is_verified_once_per_process(
 
     with storage.sync_reader() as reader:
         reader.read(0, 1)  # opens (the open's own checks are not counted below)
-        monkeypatch.setattr(block, "crc32c_value", counting)
+        monkeypatch.setattr(checksums, "crc32c_value", counting)
         reader.read(16, 20)  # rows 16..35: chunks 1 and 2 of block 0
         assert checked == [STORED_CHUNK, STORED_CHUNK]
         reader.read(20, 10)
@@ -150,7 +147,7 @@ def test_a_damaged_chunk_fails_every_read_that_touches_it(tmp_path: Path) -> Non
             with pytest.raises(ChecksumError) as caught:
                 reader.read(20, 20)  # chunks 1 and 2
             message = str(caught.value)
-            assert key in message and "checksum mismatch in inner chunk 1 of the read" in message
+            assert key in message and "checksum mismatch in inner chunk 2 of the block" in message
             assert f"bytes [{STORED_CHUNK}, {3 * STORED_CHUNK})" in message, attempt
         with pytest.raises(ChecksumError):
             reader.read_many([(0, 4), (40, 4)])
@@ -180,7 +177,7 @@ def test_a_reader_used_in_the_parent_maps_its_own_files_in_a_forked_child(
     storage = StreamStorage(tmp_path / "ds", StreamNumpyFormat(TOKENS))
     with storage.sync_reader() as reader:
         reader.read(10, 20)
-        parent_maps = reader._mapped_reads()
+        parent_maps = reader.opened.mapped.maps.entries()
         context = multiprocessing.get_context("fork")
         queue = context.Queue()
         child = context.Process(target=_read_in_child, args=(reader, 720, 30, queue))
@@ -189,7 +186,7 @@ def test_a_reader_used_in_the_parent_maps_its_own_files_in_a_forked_child(
         child.join(60)
         assert child.exitcode == 0 and pid != os.getpid()
         assert tokens == truth["tokens"][720:750].tolist()
-        assert reader._mapped_reads() is parent_maps  # the parent's own state is untouched
+        assert reader.opened.mapped.maps.entries() is parent_maps  # the parent's are untouched
 
 
 def test_async_reads_on_a_local_path_take_the_mapped_path_with_the_same_counts(
@@ -202,16 +199,15 @@ def test_async_reads_on_a_local_path_take_the_mapped_path_with_the_same_counts(
         async with storage.async_reader() as reader:
             singles = [await reader.read(start, length) for start, length in requests]
             many = await reader.read_many(requests)
-            return singles + many, reader.stats, reader._mapped_reads(reader.opened)
+            mapped = reader.opened.mapped
+            return singles + many, reader.stats, (mapped, mapped and len(mapped.maps))
 
     fast, fast_stats, fast_mapped = asyncio.run(
         read_all(StreamStorage(tmp_path / "ds", StreamNumpyFormat(TOKENS)))
     )
-    slow, slow_stats, slow_mapped = asyncio.run(
-        read_all(PreadStorage(tmp_path / "ds", StreamNumpyFormat(TOKENS)))
-    )
-    assert isinstance(fast_mapped, MappedStreamReads) and slow_mapped is None
-    assert len(fast_mapped.maps) > 0
+    slow, slow_stats, slow_mapped = asyncio.run(read_all(pread_storage(tmp_path / "ds")))
+    assert isinstance(fast_mapped[0], MappedExecutor) and slow_mapped[0] is None
+    assert fast_mapped[1] > 0  # blocks were mapped while the reader was open
     for (start, length), got in zip(requests * 2, fast, strict=True):
         np.testing.assert_array_equal(got["tokens"], truth["tokens"][start : start + length])
     for got, expected in zip(fast, slow, strict=True):

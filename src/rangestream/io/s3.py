@@ -1,0 +1,220 @@
+"""S3 and S3-compatible stores (MinIO, SeaweedFS): lean reads, s3fs for the rest.
+
+Reads go through one of two read paths, chosen once per store: the lean aiohttp client of
+``s3_client`` (the default: a fraction of s3fs's CPU per request), or s3fs's own
+``get_object`` when the storage options ask for something the lean client does not
+reproduce (``requester_pays``, SSE-C, a ``profile``, ...) or ``RANGESTREAM_S3_READS=s3fs``
+says so. Both check every answer to a range request the same way (``ranged_body``): the
+status, the ``Content-Range`` of a 206, and at most the bytes asked for of a 200 from a
+server that ignored the range, so a wrong answer can never pass for the bytes asked for.
+Writes, listings and deletes always go through s3fs (``FsspecStore``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import weakref
+from typing import Any
+
+from rangestream.io.fsspec_store import FsspecStore, options_key, shared_client
+from rangestream.io.process import ProcessLocal
+from rangestream.io.s3_client import (
+    S3ReadClient,
+    S3ReadConfig,
+    lean_read_config,
+    lean_reads_enabled,
+    ranged_body,
+)
+
+__all__ = ["S3Store"]
+
+
+class S3Store(FsspecStore):
+    """Objects under ``s3://bucket/prefix``."""
+
+    is_async = True  # s3fs: not imported until a write (or the s3fs read path) needs it
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
+        super().__init__(url, storage_options)
+        config = lean_read_config(self._options()) if lean_reads_enabled() else None
+        self._reads: _LeanReads | _S3fsReads = (
+            _LeanReads(self, config) if config is not None else _S3fsReads(self)
+        )
+
+    def _options(self) -> dict[str, Any]:
+        options = dict(self._storage_options)
+        # The range reader owns retries, so it can count them and bound their time;
+        # botocore's and s3fs's own retry loops would hide attempts from the counters.
+        # (botocore's "max_attempts" counts retries after the first attempt, so 1 would
+        # still retry once; "total_max_attempts" counts the first one too.)
+        config = dict(options.get("config_kwargs") or {})
+        config.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})
+        config.setdefault("max_pool_connections", 128)
+        config.setdefault("connect_timeout", 5)
+        config.setdefault("read_timeout", 30)
+        options["config_kwargs"] = config
+        return options
+
+    def _prepare(self, fs: Any) -> None:
+        fs.retries = 1  # s3fs retries some errors itself; ours are counted instead
+
+    def bucket_key(self, key: str) -> tuple[str, str]:
+        bucket, _, object_key = self._path(key).partition("/")
+        return bucket, object_key
+
+    async def connect(self, *, writes: bool = False) -> None:
+        await self._reads.connect()
+        if writes:
+            await self._fs()
+
+    def is_connected(self, *, writes: bool = False) -> bool:
+        return self._reads.is_connected() and (not writes or super().is_connected())
+
+    def preload(self) -> None:
+        self._reads.preload()
+
+    async def get_range(self, key: str, start: int, end: int) -> bytes:
+        if end <= start:
+            return b""
+        return await self._reads.get_range(key, start, end)
+
+    async def get_suffix(self, key: str, nbytes: int) -> bytes:
+        return await self._reads.get_suffix(key, nbytes)
+
+    async def get(self, key: str) -> bytes:
+        return await self._reads.get(key)
+
+    async def size(self, key: str) -> int:
+        with contextlib.suppress(FileNotFoundError):
+            return await self._reads.size(key)
+        # no such object: s3fs says what a "directory" prefix measures, or raises
+        return await super().size(key)
+
+    async def exists(self, key: str) -> bool:
+        with contextlib.suppress(FileNotFoundError):
+            await self._reads.size(key)
+            return True
+        # no such object: s3fs also counts a prefix with objects under it as existing
+        return await super().exists(key)
+
+    async def aclose(self) -> None:
+        await super().aclose()
+        self._reads.forget_loop()
+
+
+class _LeanReads:
+    """Reads through the shared ``S3ReadClient`` of this process, loop and options."""
+
+    def __init__(self, store: S3Store, config: S3ReadConfig) -> None:
+        self.store = store
+        self.config = config
+        self.key = "lean-reads:" + options_key(store.protocol, store._options())
+        self._clients = ProcessLocal[weakref.WeakKeyDictionary[Any, S3ReadClient]]()
+
+    async def client(self) -> S3ReadClient:
+        clients = self._clients.get_or_make(weakref.WeakKeyDictionary)
+        loop = asyncio.get_running_loop()
+        client = clients.get(loop)
+        if client is None:
+
+            async def make() -> S3ReadClient:
+                return S3ReadClient(self.config)
+
+            client = clients[loop] = await shared_client(self.key, make)
+        return client
+
+    async def connect(self) -> None:
+        await self.client()
+
+    def is_connected(self) -> bool:
+        clients = self._clients.value
+        return clients is not None and asyncio.get_running_loop() in clients
+
+    def forget_loop(self) -> None:
+        clients = self._clients.value
+        if clients is not None:
+            with contextlib.suppress(RuntimeError):
+                clients.pop(asyncio.get_running_loop(), None)
+
+    def preload(self) -> None:
+        import aiohttp  # noqa: F401
+        import botocore.auth
+        import botocore.awsrequest  # noqa: F401
+
+    async def get_range(self, key: str, start: int, end: int) -> bytes:
+        return await (await self.client()).get_range(*self.store.bucket_key(key), start, end)
+
+    async def get_suffix(self, key: str, nbytes: int) -> bytes:
+        return await (await self.client()).get_suffix(*self.store.bucket_key(key), nbytes)
+
+    async def get(self, key: str) -> bytes:
+        return await (await self.client()).get(*self.store.bucket_key(key))
+
+    async def size(self, key: str) -> int:
+        return await (await self.client()).size(*self.store.bucket_key(key))
+
+
+class _S3fsReads:
+    """Reads through s3fs's ``get_object``, with the answer checked as the lean client does."""
+
+    def __init__(self, store: S3Store) -> None:
+        self.store = store
+
+    async def connect(self) -> None:
+        await self.store._fs()
+
+    def is_connected(self) -> bool:
+        return FsspecStore.is_connected(self.store)
+
+    def forget_loop(self) -> None:
+        """Nothing beyond the store's own filesystem (forgotten by ``FsspecStore.aclose``)."""
+
+    def preload(self) -> None:
+        FsspecStore.preload(self.store)
+
+    async def _get_object(
+        self, key: str, limit: int | None, **kwargs: Any
+    ) -> tuple[int, Any, bytes]:
+        fs = await self.store._fs()
+        bucket, object_key = self.store.bucket_key(key)
+        answer = await fs._call_s3("get_object", Bucket=bucket, Key=object_key, **kwargs)
+        status = int(answer.get("ResponseMetadata", {}).get("HTTPStatusCode", 200))
+        body = answer["Body"]
+        try:
+            if status == 200 and limit is not None:
+                data = await body.read(limit)  # a server that ignored the range: no more
+            else:
+                data = await body.read()
+        finally:
+            body.close()
+        return status, answer.get("ContentRange"), data
+
+    async def get_range(self, key: str, start: int, end: int) -> bytes:
+        try:
+            status, content_range, body = await self._get_object(
+                key, end, Range=f"bytes={start}-{end - 1}"
+            )
+        except OSError as error:
+            if _is_invalid_range(error):
+                return b""  # the range starts past the object's end
+            raise
+        return ranged_body(status, content_range, body, start, end, self.store.describe(key))
+
+    async def get_suffix(self, key: str, nbytes: int) -> bytes:
+        if nbytes <= 0:
+            return b""
+        return bytes(await self.store._call("cat_file", self.store._path(key), start=-nbytes))
+
+    async def get(self, key: str) -> bytes:
+        return bytes(await self.store._call("cat_file", self.store._path(key)))
+
+    async def size(self, key: str) -> int:
+        info = await self.store._call("info", self.store._path(key))
+        return int(info["size"])
+
+
+def _is_invalid_range(error: BaseException) -> bool:
+    from rangestream.io.retry import is_range_not_satisfiable
+
+    return is_range_not_satisfiable(error) or "InvalidRange" in str(error)

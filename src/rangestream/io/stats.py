@@ -1,0 +1,167 @@
+"""Exact counts of what readers asked the store for: live counters and their snapshots.
+
+Tests assert request and byte counts instead of timings, so every read is counted, and
+counted once: a reader owns one :class:`IOCounter`, bumped where a request is made (an
+attempt through the range reader) or where a mapped read replaces one. A local window
+copied out of a mapped block takes a few microseconds, so the counter is two integers in a
+list per array kind, bumped in place; totals are summed only when someone reads them.
+
+Process totals (:func:`process_io_stats`) add up every live counter of the process and the
+counts of collected ones; a forked child starts at zero.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+
+from rangestream.io.process import after_fork
+
+__all__ = ["IOCounter", "IOStats", "process_io_stats"]
+
+
+@dataclass
+class IOStats:
+    """A snapshot of exact counts.
+
+    ``requests`` counts attempts that reached the store (retries included), ``retries`` the
+    attempts that were repeats, ``bytes`` the payload bytes received; ``by_key_kind`` and
+    ``bytes_by_key_kind`` split requests and bytes by array (``stream``, ``payload_heap``).
+    """
+
+    requests: int = 0
+    bytes: int = 0
+    retries: int = 0
+    failures: int = 0
+    by_key_kind: dict[str, int] = field(default_factory=dict)
+    bytes_by_key_kind: dict[str, int] = field(default_factory=dict)
+
+    def copy(self) -> IOStats:
+        return IOStats(
+            self.requests,
+            self.bytes,
+            self.retries,
+            self.failures,
+            dict(self.by_key_kind),
+            dict(self.bytes_by_key_kind),
+        )
+
+    def __add__(self, other: IOStats) -> IOStats:
+        return IOStats(
+            self.requests + other.requests,
+            self.bytes + other.bytes,
+            self.retries + other.retries,
+            self.failures + other.failures,
+            _combine(self.by_key_kind, other.by_key_kind, 1),
+            _combine(self.bytes_by_key_kind, other.bytes_by_key_kind, 1),
+        )
+
+    def __sub__(self, other: IOStats) -> IOStats:
+        return IOStats(
+            self.requests - other.requests,
+            self.bytes - other.bytes,
+            self.retries - other.retries,
+            self.failures - other.failures,
+            _combine(self.by_key_kind, other.by_key_kind, -1),
+            _combine(self.bytes_by_key_kind, other.bytes_by_key_kind, -1),
+        )
+
+
+def _combine(mine: dict[str, int], theirs: dict[str, int], sign: int) -> dict[str, int]:
+    combined = dict(mine)
+    for kind, count in theirs.items():
+        combined[kind] = combined.get(kind, 0) + sign * count
+    return {kind: count for kind, count in combined.items() if count}
+
+
+class IOCounter:
+    """A reader's live counts: ``[requests, bytes]`` per array kind, plus retries and failures.
+
+    ``of(kind)`` hands out the list itself, so a hot path keeps it and bumps it in place.
+    """
+
+    __slots__ = ("__weakref__", "kinds", "outcomes")
+
+    def __init__(self) -> None:
+        self.kinds: dict[str, list[int]] = {}
+        self.outcomes = [0, 0]  # retries, failures: a list the finalizer can still read
+        _live.add(self)
+        weakref.finalize(self, _retire, self.kinds, self.outcomes).atexit = False
+
+    @property
+    def retries(self) -> int:
+        return self.outcomes[0]
+
+    @property
+    def failures(self) -> int:
+        return self.outcomes[1]
+
+    def fail(self) -> None:
+        """An attempt that did not return the bytes asked for."""
+        self.outcomes[1] += 1
+
+    def of(self, kind: str) -> list[int]:
+        """The ``[requests, bytes]`` list of ``kind``, for a caller to bump in place."""
+        found = self.kinds.get(kind)
+        if found is None:
+            found = self.kinds.setdefault(kind, [0, 0])
+        return found
+
+    def count(self, kind: str, nbytes: int, *, retry: bool = False) -> None:
+        """One request of ``kind`` that returned ``nbytes``."""
+        counter = self.kinds.get(kind) or self.of(kind)
+        counter[0] += 1
+        counter[1] += nbytes
+        if retry:
+            self.outcomes[0] += 1
+
+    def snapshot(self) -> IOStats:
+        return _snapshot(self.kinds, self.outcomes)
+
+
+def _snapshot(kinds: dict[str, list[int]], outcomes: list[int]) -> IOStats:
+    stats = IOStats(retries=outcomes[0], failures=outcomes[1])
+    for kind, (requests, nbytes) in list(kinds.items()):
+        if requests or nbytes:
+            stats.requests += requests
+            stats.bytes += nbytes
+            stats.by_key_kind[kind] = requests
+            stats.bytes_by_key_kind[kind] = nbytes
+    return stats
+
+
+#: Every live counter of the process.
+_live: weakref.WeakSet[IOCounter] = weakref.WeakSet()
+#: What collected counters had counted.
+_retired = IOStats()
+#: The process totals when this process was forked from its parent (the parent's counts).
+_baseline = IOStats()
+
+
+def _retire(kinds: dict[str, list[int]], outcomes: list[int]) -> None:
+    global _retired
+    _retired = _retired + _snapshot(kinds, outcomes)
+
+
+def _totals() -> IOStats:
+    total = _retired.copy()
+    for counter in list(_live):
+        total = total + counter.snapshot()
+    return total
+
+
+def process_io_stats() -> IOStats:
+    """Every request this process's readers made (a forked child starts at zero).
+
+    DataLoader workers are separate processes: a collate function running in the worker
+    can attach this snapshot to its batches to report exact totals to the trainer.
+    """
+    return _totals() - _baseline
+
+
+def _start_child_at_zero() -> None:
+    global _baseline
+    _baseline = _totals()
+
+
+after_fork(in_child=_start_child_at_zero)

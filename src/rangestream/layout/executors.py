@@ -1,0 +1,449 @@
+"""The two executors of read programs: fetched byte ranges, and mapped local blocks.
+
+Storage kinds describe a read as a *program*: a generator that yields steps (lists of
+:class:`~rangestream.layout.pieces.RowRead` and of byte requests for small objects) and
+receives, for each step, the bytes of its byte requests (``None`` for row reads, whose rows
+are copied into their outputs). What to read, in which rounds, and how to decode it is the
+program's; how the bytes arrive is the executor's, so sync and async readers, remote and
+local datasets run the same programs (the httpx pattern: one core, two edges).
+
+- :class:`RemoteExecutor` turns a step's pieces into byte ranges (by arithmetic for dense
+  blocks, through cached chunk indexes otherwise), fetches them with the range reader
+  (coalesced, bounded, retried, counted), checks each range's checksums in one pass and
+  copies the rows out.
+- :class:`MappedExecutor` serves a step on a local dense dataset from mapped blocks, each
+  inner chunk checked the first time this process reads it, and counts exactly the
+  requests the remote executor would have made for it. What it cannot serve (a missing or
+  short block, byte requests) goes to the remote executor, whose errors name the damage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Generator, Sequence
+from typing import Any, TypeVar
+
+import numpy as np
+
+from rangestream.errors import CorruptDataError
+from rangestream.io import mapped as mapped_files
+from rangestream.io.local import INLINE_READ_BYTES, LocalStore
+from rangestream.io.mapped import LocalMapCache, MappedFile
+from rangestream.io.process import run_blocking
+from rangestream.io.range_reader import RangeReader
+from rangestream.io.ranges import ByteRequest, RangeRequest, SuffixRequest, coalesce
+from rangestream.io.stats import IOCounter
+from rangestream.layout import copy as row_copy
+from rangestream.layout.block import ArrayLayout, parse_block_index
+from rangestream.layout.caches import BlockIndexCache
+from rangestream.layout.checksums import check_mapped, check_span
+from rangestream.layout.pieces import (
+    Output,
+    Piece,
+    RowRead,
+    StoredArray,
+    indexed_spans,
+    pieces,
+    spans_many_blocks,
+)
+
+__all__ = ["MappedExecutor", "Program", "RemoteExecutor", "Step"]
+
+T = TypeVar("T")
+Step = Sequence[RowRead | ByteRequest]
+#: A read program: yields steps, receives each step's results in order, returns T.
+Program = Generator[Step, list[Any], T]
+#: Byte-level rounds of one step (the remote executor's own program).
+_Rounds = Generator[list[ByteRequest], list[Any], list[Any]]
+
+#: A read spanning more blocks than this first fetches the inner chunk holding its last
+#: row. Lengths and offsets come from stored metadata; if they are damaged or hostile (a
+#: heap "of 10**15 bytes"), the read then fails on one small request instead of first
+#: building a plan of a few hundred bytes per block it believes in.
+PROBE_BLOCKS = 64
+
+
+def _target(output: Output, at: int, rows: int, total: int) -> np.ndarray:
+    """The part of an output that rows ``[at, at + rows)`` of the read land in."""
+    target, _offset, nbytes = output
+    if at == 0 and rows == total:
+        return target
+    flat = target.reshape(-1).view(np.uint8)
+    return flat[at * nbytes : (at + rows) * nbytes]
+
+
+class RemoteExecutor:
+    """Runs programs by fetching byte ranges through a :class:`RangeReader`.
+
+    Parameters
+    ----------
+    reader
+        The range reader (its store, bounds, retries and counter).
+    verify
+        Check every inner chunk's crc32c.
+    block_indexes
+        Parsed chunk indexes of non-dense blocks, kept between steps.
+    """
+
+    def __init__(
+        self, reader: RangeReader, *, verify: bool, block_indexes: BlockIndexCache | None = None
+    ) -> None:
+        self.reader = reader
+        self.verify = verify
+        self.block_indexes = BlockIndexCache() if block_indexes is None else block_indexes
+        self.describe = reader.store.describe
+
+    # -- programs ---------------------------------------------------------------------
+    async def run(self, program: Program[T], *, max_concurrency: int | None = None) -> T:
+        try:
+            step = next(program)
+            while True:
+                step = program.send(await self.execute(step, max_concurrency=max_concurrency))
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+
+    def run_sync(self, program: Program[T], *, max_concurrency: int | None = None) -> T:
+        """Run ``program`` with sync I/O: ``pread`` locally, the process's I/O loop otherwise."""
+        if not self.reader.store.supports_sync_reads:
+            return run_blocking(self.run(program, max_concurrency=max_concurrency))
+        try:
+            step = next(program)
+            while True:
+                step = program.send(self.execute_sync(step))
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+
+    # -- one step -----------------------------------------------------------------------
+    async def execute(self, step: Step, *, max_concurrency: int | None = None) -> list[Any]:
+        rounds = self._rounds(step)
+        try:
+            requests = next(rounds)
+            while True:
+                requests = rounds.send(
+                    await self.reader.fetch(requests, max_concurrency=max_concurrency)
+                )
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+
+    def execute_sync(self, step: Step) -> list[Any]:
+        rounds = self._rounds(step)
+        try:
+            requests = next(rounds)
+            while True:
+                requests = rounds.send(self.reader.fetch_sync(requests))
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+
+    def _rounds(self, step: Step) -> _Rounds:
+        """One step as rounds of byte requests: probes, chunk indexes, then the rows."""
+        reads = [item for item in step if isinstance(item, RowRead)]
+        far = [read for read in reads if spans_many_blocks(read, PROBE_BLOCKS)]
+        if far:
+            yield from self._probe(far)
+        cut = pieces(reads)
+        missing: dict[str, ArrayLayout] = {}
+        for piece in cut:
+            layout = piece.array.layout
+            if not layout.dense_chunks:
+                key = piece.key
+                if key not in missing and self.block_indexes.get(key) is None:
+                    missing[key] = layout
+        if missing:
+            keys = list(missing)
+            raws = yield [SuffixRequest(key, missing[key].index_nbytes) for key in keys]
+            for key, raw in zip(keys, raws, strict=True):
+                where = f"{self.describe(key)} chunk index"
+                self.block_indexes.put(key, parse_block_index(missing[key], raw, where))
+
+        requests: list[ByteRequest] = []
+        spans: list[tuple[Piece, int, int]] = []  # (piece, first chunk, end chunk)
+        for piece in cut:
+            layout = piece.array.layout
+            if layout.dense_chunks:
+                start, end = piece.dense_span()
+                requests.append(RangeRequest(piece.key, start, end))
+                spans.append((piece, piece.first_chunk, piece.end_chunk))
+                continue
+            key = piece.key
+            index = self.block_indexes.get(key)
+            if index is None:  # evicted between rounds by a tiny cache
+                raise CorruptDataError(f"block index cache too small for one read ({key})")
+            for start, end, first, last in indexed_spans(
+                layout, index, piece.first_chunk, piece.end_chunk - 1, self.describe(key)
+            ):
+                requests.append(RangeRequest(key, start, end))
+                spans.append((piece, first, last + 1))
+        others = [item for item in step if not isinstance(item, RowRead)]
+        datas = (yield requests + others) if requests or others else []
+        for (piece, first, end), request, data in zip(spans, requests, datas, strict=False):
+            self._copy_span(piece, first, end, request, data)
+        for read in reads:
+            read.ready()  # reads of no rows get their (empty) outputs too
+        results: list[Any] = [None] * len(step)
+        fetched = iter(datas[len(requests) :])
+        for number, item in enumerate(step):
+            if not isinstance(item, RowRead):
+                results[number] = next(fetched)
+        return results
+
+    def _copy_span(
+        self, piece: Piece, first: int, end: int, request: RangeRequest, data: Any
+    ) -> None:
+        """Check the inner chunks ``[first, end)`` of a block fetched as ``data`` and copy
+        the piece's rows among them into the read's outputs."""
+        layout = piece.array.layout
+        stored, chunk_rows = layout.stored_chunk_nbytes, layout.chunk_rows
+        describe = self.describe
+
+        def where() -> str:
+            return f"{describe(request.key)} bytes [{request.start}, {request.end})"
+
+        buffer = check_span(data, stored, first, where, verify=self.verify)
+        low = max(piece.row, first * chunk_rows)
+        high = min(piece.row + piece.rows, end * chunk_rows)
+        read = piece.read
+        at = piece.at + (low - piece.row)
+        copy_rows = row_copy.copy_rows
+        for output in read.ready():
+            copy_rows(
+                buffer,
+                _target(output, at, high - low, read.rows),
+                low - first * chunk_rows,
+                high - low,
+                chunk_rows,
+                stored,
+                layout.row_nbytes,
+                output[1],
+                output[2],
+            )
+
+    def _probe(self, reads: list[RowRead]) -> _Rounds:
+        """Prove that the block holding each read's last row exists and holds that row.
+
+        Dense blocks: fetch (and verify) the inner chunk of the last row; a missing or short
+        object raises ``MissingObjectError`` or ``TruncatedObjectError``. Other blocks: fetch
+        their chunk index (kept for the read that follows) and check the chunk is there.
+        """
+        requests: list[ByteRequest] = []
+        for read in reads:
+            layout = read.array.layout
+            block, row = divmod(read.stop - 1, layout.block_rows)
+            key = read.array.block_key(block)
+            if layout.dense_chunks:
+                chunk = row // layout.chunk_rows
+                stored = layout.stored_chunk_nbytes
+                requests.append(RangeRequest(key, chunk * stored, (chunk + 1) * stored))
+            else:
+                requests.append(SuffixRequest(key, layout.index_nbytes))
+        datas = yield requests
+        for read, request, data in zip(reads, requests, datas, strict=True):
+            layout = read.array.layout
+            if isinstance(request, RangeRequest):
+                chunk = request.start // layout.stored_chunk_nbytes
+                check_span(
+                    data,
+                    layout.stored_chunk_nbytes,
+                    chunk,
+                    lambda r=request: f"{self.describe(r.key)} bytes [{r.start}, {r.end})",
+                    verify=self.verify,
+                )
+                continue
+            index = parse_block_index(layout, data, f"{self.describe(request.key)} chunk index")
+            self.block_indexes.put(request.key, index)
+            chunk = ((read.stop - 1) % layout.block_rows) // layout.chunk_rows
+            indexed_spans(layout, index, chunk, chunk, self.describe(request.key))
+        return []
+
+
+class MappedExecutor:
+    """Runs programs on a local dataset with dense blocks from a bounded cache of mappings.
+
+    Everything that does not depend on the read is done once: a block is found by an int
+    key, each inner chunk is verified once per process, and rows are copied with one call of
+    the copier per output. Counting: one request per coalesced byte range, exactly as the
+    remote executor's ``pread`` of the same step counts (``RangeReader.coalesce_gap``), so
+    the counters mean the same on either path.
+
+    Parameters
+    ----------
+    store
+        The dataset's local store.
+    remote
+        Serves what this executor cannot (and names the damage).
+    max_files
+        Blocks kept mapped per process (``io.mapped.DEFAULT_MAX_MAPPED_FILES`` by default).
+    """
+
+    def __init__(
+        self,
+        store: LocalStore,
+        remote: RemoteExecutor,
+        *,
+        max_files: int | None = None,
+    ) -> None:
+        self.store = store
+        self.remote = remote
+        self.verify = remote.verify
+        self.counter: IOCounter = remote.reader.counter
+        self.gap = remote.reader.coalesce_gap
+        self.max_bytes = remote.reader.max_coalesced_bytes
+        if max_files is None:
+            max_files = mapped_files.DEFAULT_MAX_MAPPED_FILES
+        self.maps = LocalMapCache(store.resolved_root, max_files)
+        self.copy_rows = row_copy.copy_rows  # bound once: tests switch the copier first
+
+    # -- programs ---------------------------------------------------------------------
+    def run_sync(self, program: Program[T], *, max_concurrency: int | None = None) -> T:
+        """Local reads: ``max_concurrency`` has nothing to bound."""
+        try:
+            step = next(program)
+            while True:
+                results = self.execute(step)
+                if results is None:
+                    results = self.remote.execute_sync(step)
+                step = program.send(results)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+
+    async def run(self, program: Program[T], *, max_concurrency: int | None = None) -> T:
+        """Copies of at most ``INLINE_READ_BYTES`` run inline (a hop to a thread costs more
+        than copying page-cached bytes); larger steps go to a thread."""
+        try:
+            step = next(program)
+            while True:
+                if _step_bytes(step) <= INLINE_READ_BYTES:
+                    results = self.execute(step)
+                else:
+                    results = await asyncio.to_thread(self.execute, step)
+                if results is None:
+                    results = await self.remote.execute(step, max_concurrency=max_concurrency)
+                step = program.send(results)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+
+    # -- one step -----------------------------------------------------------------------
+    def mapping(self, array: StoredArray, block: int, end_chunk: int) -> MappedFile | None:
+        """Block ``block`` of ``array``, mapped, if it is dense and holds chunks
+        ``[0, end_chunk)`` (else ``None``: the remote executor reads it)."""
+        if not array.layout.dense_chunks:
+            return None  # offsets come from the chunk index: the remote executor's job
+        key = (array.ident << 40) + block
+        files = self.maps.entries()
+        mapped = files.get(key)
+        if mapped is None:
+            try:
+                path = self.store.local_path(array.block_key(block))
+                mapped = self.maps.open(path, array.layout.chunks_per_block, key)
+            except OSError:
+                return None  # missing or unreadable: the remote executor names it
+        else:
+            try:  # noqa: SIM105 - contextlib.suppress costs more than the move itself
+                files.move_to_end(key)
+            except KeyError:  # dropped by another thread just now: still valid to use
+                pass
+        if end_chunk * array.layout.stored_chunk_nbytes > mapped.size:
+            return None  # shorter than the layout says: the remote executor reports it
+        return mapped
+
+    def copy_from(
+        self,
+        mapped: MappedFile,
+        array: StoredArray,
+        block: int,
+        row: int,
+        rows: int,
+        outputs: tuple[Output, ...],
+    ) -> None:
+        """Rows ``[row, row + rows)`` of a block ``mapping`` returned, into whole outputs.
+
+        The hot path of single windows: one piece, counted, checked and copied without
+        making one.
+        """
+        layout = array.layout
+        chunk_rows, stored = layout.chunk_rows, layout.stored_chunk_nbytes
+        first = row // chunk_rows
+        end = (row + rows - 1) // chunk_rows + 1
+        counter = self.counter.kinds.get(array.kind) or self.counter.of(array.kind)
+        counter[0] += 1
+        counter[1] += (end - first) * stored
+        if self.verify and mapped.verified.find(0, first, end) >= 0:
+            check_mapped(
+                mapped.data, mapped.verified, stored, first, end,
+                lambda: _where_mapped(self.store, array, block, first, end, stored),
+            )  # fmt: skip
+        copy_rows, data, row_nbytes = self.copy_rows, mapped.data, layout.row_nbytes
+        for target, offset, nbytes in outputs:
+            copy_rows(data, target, row, rows, chunk_rows, stored, row_nbytes, offset, nbytes)
+
+    def execute(self, step: Step) -> list[Any] | None:
+        """The step served from mappings, or ``None`` (nothing counted) for the remote path."""
+        reads: list[RowRead] = []
+        for item in step:
+            if not isinstance(item, RowRead) or spans_many_blocks(item, PROBE_BLOCKS):
+                return None  # byte requests, or a read to probe first: the remote executor
+            reads.append(item)
+        cut = pieces(reads)
+        mapped_pieces = []
+        for piece in cut:
+            mapped = self.mapping(piece.array, piece.block, piece.end_chunk)
+            if mapped is None:
+                return None
+            mapped_pieces.append((piece, mapped))
+        self._count(cut)
+        for piece, mapped in mapped_pieces:
+            array = piece.array
+            layout = array.layout
+            stored = layout.stored_chunk_nbytes
+            first, end = piece.first_chunk, piece.end_chunk
+            if self.verify and mapped.verified.find(0, first, end) >= 0:
+                check_mapped(
+                    mapped.data, mapped.verified, stored, first, end,
+                    lambda a=array, b=piece.block, f=first, e=end, s=stored: _where_mapped(
+                        self.store, a, b, f, e, s
+                    ),
+                )  # fmt: skip
+            read = piece.read
+            for output in read.ready():
+                self.copy_rows(
+                    mapped.data,
+                    _target(output, piece.at, piece.rows, read.rows),
+                    piece.row,
+                    piece.rows,
+                    layout.chunk_rows,
+                    stored,
+                    layout.row_nbytes,
+                    output[1],
+                    output[2],
+                )
+        for read in reads:
+            read.ready()  # reads of no rows get their (empty) outputs too
+        return [None] * len(step)
+
+    def _count(self, cut: list[Piece]) -> None:
+        """Count the requests the remote executor would make for ``cut``: its coalesced spans."""
+        if len(cut) == 1:
+            piece = cut[0]
+            start, end = piece.dense_span()
+            self.counter.count(piece.array.kind, end - start)
+            return
+        kinds: dict[str, str] = {}
+        ranges = []
+        for piece in cut:
+            start, end = piece.dense_span()
+            key = piece.key
+            kinds[key] = piece.array.kind
+            ranges.append(RangeRequest(key, start, end))
+        for group in coalesce(ranges, gap=self.gap, max_bytes=self.max_bytes):
+            self.counter.count(kinds[group.key], group.end - group.start)
+
+
+def _step_bytes(step: Step) -> int:
+    return sum(
+        item.rows * item.array.layout.row_nbytes for item in step if isinstance(item, RowRead)
+    )
+
+
+def _where_mapped(
+    store: LocalStore, array: StoredArray, block: int, first: int, end: int, stored: int
+) -> str:
+    return f"{store.describe(array.block_key(block))} bytes [{first * stored}, {end * stored})"

@@ -1,0 +1,258 @@
+"""Opening a storage: one lifecycle for every kind.
+
+A storage is a description (URL, options). Reading needs the committed version opened in the
+reading process: a store, the manifest (one bounded request for the root document, plus
+whatever compact index the kind reads at open), a range reader with its counter, and the
+executor that runs read programs (mapped local blocks, or fetched byte ranges). That is an
+:class:`OpenedStorage`, made by an :class:`Opening`: once per process, for sync callers
+under a lock, for async callers once per event loop at a time, and never carried across a
+fork (it lives in a ``ProcessLocal``). Sync and async readers are two faces of one opened
+version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import Generator
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import numpy as np
+
+from rangestream.errors import DatasetNotFoundError, MissingObjectError
+from rangestream.io.local import LocalStore
+from rangestream.io.process import ProcessLocal
+from rangestream.io.range_reader import RangeReader
+from rangestream.io.ranges import ObjectRequest
+from rangestream.io.stats import IOStats
+from rangestream.io.store import ObjectStore
+from rangestream.layout.executors import MappedExecutor, Program, RemoteExecutor
+from rangestream.layout.manifest import MAX_ROOT_BYTES, ROOT_KEY, Manifest, parse_root
+from rangestream.layout.pieces import StoredArray
+
+if TYPE_CHECKING:
+    from rangestream.storage.base import Storage
+
+__all__ = ["OpenedStorage", "Opening"]
+
+T = TypeVar("T")
+
+
+class OpenedStorage:
+    """A storage's committed version, opened in this process: what every read needs.
+
+    Kinds subclass it with their read programs; ``index`` is what the kind's
+    ``_open_index`` read at open.
+    """
+
+    def __init__(
+        self,
+        storage: Storage,
+        store: ObjectStore,
+        manifest: Manifest,
+        executor: RemoteExecutor | MappedExecutor,
+        index: Any = None,
+    ) -> None:
+        self.storage = storage
+        self.store = store
+        self.manifest = manifest
+        self.executor = executor
+        self.mapped = executor if isinstance(executor, MappedExecutor) else None
+        self.remote = executor.remote if isinstance(executor, MappedExecutor) else executor
+        self.reader = self.remote.reader
+        self.shard_ids = [int(s) for s in manifest.shard_ids]
+        self._shard_position = {shard: i for i, shard in enumerate(self.shard_ids)}
+        self._arrays: dict[tuple[int, str], StoredArray] = {}
+
+    # -- what is stored -------------------------------------------------------------------
+    @property
+    def num_shards(self) -> int:
+        """One more than the highest shard id written (absent shards have length 0)."""
+        return self.shard_ids[-1] + 1 if self.shard_ids else 0
+
+    def bounds(self, name: str, minus: int = 0) -> np.ndarray:
+        """Cumulative per-shard lengths of array ``name`` (less ``minus`` per shard)."""
+        lengths = self.manifest.lengths[name] - minus
+        return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+
+    def shard_length(self, name: str, shard: int) -> int:
+        position = self._shard_position.get(shard)
+        return 0 if position is None else int(self.manifest.lengths[name][position])
+
+    def array(self, shard: int, name: str) -> StoredArray:
+        """Array ``name`` of ``shard`` (made once)."""
+        found = self._arrays.get((shard, name))
+        if found is None:
+            found = self._arrays[(shard, name)] = StoredArray(
+                self.manifest.array_key(shard, name),
+                self.manifest.arrays[name],
+                self.shard_length(name, shard),
+                name,
+                len(self._arrays) + 1,
+            )
+        return found
+
+    def describe(self, key: str) -> str:
+        return self.store.describe(key)
+
+    @property
+    def stats(self) -> IOStats:
+        """Exact requests and bytes since opening (the open's included)."""
+        return self.reader.stats
+
+    # -- running programs --------------------------------------------------------------------
+    def run_sync(self, program: Program[T], *, max_concurrency: int | None = None) -> T:
+        return self.executor.run_sync(program, max_concurrency=max_concurrency)
+
+    async def run(self, program: Program[T], *, max_concurrency: int | None = None) -> T:
+        return await self.executor.run(program, max_concurrency=max_concurrency)
+
+    # -- releasing ---------------------------------------------------------------------------
+    def release_sync(self) -> None:
+        """Release open files, mappings and connections; reads make them again when needed."""
+        if self.mapped is not None:
+            self.mapped.maps.clear()
+        self.store.close_sync()
+
+    async def arelease(self) -> None:
+        """``release_sync`` for the running loop's connections."""
+        if self.mapped is not None:
+            self.mapped.maps.clear()
+        await self.store.aclose()
+
+
+def _open_program(
+    storage: Storage, store: ObjectStore
+) -> Generator[Any, Any, tuple[Manifest, Any]]:
+    (raw,) = yield [ObjectRequest(ROOT_KEY, MAX_ROOT_BYTES)]
+    manifest = parse_root(bytes(raw), store.describe(ROOT_KEY), storage.kind)
+    storage._check_schema(manifest)
+    index = yield from storage._open_index(manifest)
+    return manifest, index
+
+
+def _not_found(storage: Storage, store: ObjectStore, error: MissingObjectError) -> Exception:
+    """What a missing root means: no dataset, or (said plainly) no bucket or directory."""
+    cause = f"{error.__cause__ or ''}"
+    if "NoSuchBucket" in cause:
+        bucket = storage.url.split("://", 1)[-1].split("/", 1)[0]
+        return DatasetNotFoundError(
+            f"no dataset at {storage.url}: bucket {bucket!r} does not exist"
+        )
+    if isinstance(store, LocalStore) and not store.root.is_dir():
+        what = "not a directory" if store.root.exists() else "no such directory"
+        return DatasetNotFoundError(f"no dataset at {storage.url}: {what}")
+    return DatasetNotFoundError(
+        f"no dataset at {storage.url}: {ROOT_KEY} not found (never committed?)"
+    )
+
+
+def _parts(storage: Storage) -> tuple[ObjectStore, RemoteExecutor | MappedExecutor]:
+    store = storage._new_store()
+    options = storage.read_options
+    reader = RangeReader(
+        store,
+        max_concurrency=options.max_concurrency,
+        coalesce_gap=options.coalesce_gap,
+        max_coalesced_bytes=options.max_coalesced_bytes,
+        retry=options.retry,
+    )
+    remote = RemoteExecutor(reader, verify=options.verify_checksums)
+    executor: RemoteExecutor | MappedExecutor = remote
+    if type(store) is LocalStore and options.mapped:
+        executor = MappedExecutor(store, remote)
+    return store, executor
+
+
+def open_sync(storage: Storage) -> OpenedStorage:
+    """Open the committed version with sync I/O (the process's I/O loop for remote stores)."""
+    store, executor = _parts(storage)
+    try:
+        manifest, index = executor.run_sync(_open_program(storage, store))
+    except MissingObjectError as error:
+        store.close_sync()
+        if _is_root(store, error):
+            raise _not_found(storage, store, error) from error
+        raise
+    except BaseException:
+        store.close_sync()
+        raise
+    return storage.opened_class(storage, store, manifest, executor, index)
+
+
+async def open_async(storage: Storage) -> OpenedStorage:
+    """Open the committed version on the running loop."""
+    store, executor = _parts(storage)
+    try:
+        manifest, index = await executor.run(_open_program(storage, store))
+    except MissingObjectError as error:
+        await store.aclose()
+        if _is_root(store, error):
+            raise _not_found(storage, store, error) from error
+        raise
+    except BaseException:
+        await store.aclose()
+        raise
+    return storage.opened_class(storage, store, manifest, executor, index)
+
+
+def _is_root(store: ObjectStore, error: MissingObjectError) -> bool:
+    """Whether the missing object is the root document (not an index read at open)."""
+    return f"object {store.describe(ROOT_KEY)} is missing" in str(error)
+
+
+class Opening:
+    """The opened version of one storage in this process, made once and shared.
+
+    ``get_sync`` opens under a lock (threads racing share one open); ``get_async`` opens on
+    the running loop, once per loop at a time (a cancelled caller leaves the open running
+    for the others; a failed open is tried again by the next caller).
+    """
+
+    def __init__(self, storage: Storage) -> None:
+        self.storage = storage
+        self.opened = ProcessLocal[OpenedStorage]()
+        self._tasks = ProcessLocal[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any]]()
+
+    def get_sync(self) -> OpenedStorage:
+        opened = self.opened.value
+        if opened is None:
+            opened = self.opened.get_or_make(lambda: open_sync(self.storage))
+        return opened
+
+    async def get_async(self) -> OpenedStorage:
+        opened = self.opened.value
+        if opened is not None:
+            return opened
+        tasks = self._tasks.get_or_make(weakref.WeakKeyDictionary)
+        loop = asyncio.get_running_loop()
+        task = tasks.get(loop)
+        if task is None:
+            task = tasks[loop] = loop.create_task(open_async(self.storage))
+            task.add_done_callback(_retrieve_exception)
+        try:
+            opened = await asyncio.shield(task)
+        except BaseException:
+            if task.done():  # the open failed: the next call tries again
+                tasks.pop(loop, None)
+            raise
+        if self.opened.value is None:
+            self.opened.value = opened
+        tasks.pop(loop, None)
+        return self.opened.value
+
+    def forget_sync(self) -> None:
+        """Release and forget the opened version; the next read opens the dataset again."""
+        opened = self.opened.pop()
+        if opened is not None:
+            opened.release_sync()
+
+    async def aforget(self) -> None:
+        opened = self.opened.pop()
+        if opened is not None:
+            await opened.arelease()
+
+
+def _retrieve_exception(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()  # consumed here so an open nobody awaits any more does not warn

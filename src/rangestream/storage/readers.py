@@ -1,0 +1,93 @@
+"""Sync and async readers: two faces of one opened version (``storage.opening``).
+
+A reader opens the dataset on first use (or on entering its context) and releases it on
+exit; its ``stats`` count every request it made, the open's included. A sync reader made
+in one process and used in a forked child opens the dataset again there.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from rangestream.io.stats import IOStats
+from rangestream.layout.executors import Program
+from rangestream.storage.opening import OpenedStorage, Opening
+
+if TYPE_CHECKING:
+    from rangestream.storage.base import Storage
+
+__all__ = ["AsyncReader", "SyncReader"]
+
+T = TypeVar("T")
+R = TypeVar("R", bound="SyncReader")
+A = TypeVar("A", bound="AsyncReader")
+
+
+class SyncReader:
+    """Context-managed sync reader: opens on ``__enter__`` (or first use), closes on exit."""
+
+    def __init__(self, storage: Storage, opening: Opening | None = None) -> None:
+        self.storage = storage
+        self._opening = Opening(storage) if opening is None else opening
+
+    @property
+    def opened(self) -> Any:
+        """This process's opened version (opened now if needed)."""
+        opened = self._opening.opened.value
+        return opened if opened is not None else self._opening.get_sync()
+
+    @property
+    def stats(self) -> IOStats:
+        """Exact requests and bytes this reader has issued (open included)."""
+        return self.opened.stats
+
+    def _run(self, program: Program[T]) -> T:
+        return self.opened.run_sync(program)  # type: ignore[no-any-return]
+
+    def __enter__(self: R) -> R:
+        self._opening.get_sync()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release files, mappings and connections; a later read opens the dataset again."""
+        self._opening.forget_sync()
+
+
+class AsyncReader:
+    """Context-managed async reader; its reads run on the loop that awaits them."""
+
+    def __init__(self, storage: Storage, opening: Opening | None = None) -> None:
+        self.storage = storage
+        self._opening = Opening(storage) if opening is None else opening
+
+    @property
+    def opened(self) -> Any:
+        opened = self._opening.opened.value
+        if opened is None:
+            raise RuntimeError("use the async reader inside 'async with' (it is not open yet)")
+        return opened
+
+    @property
+    def stats(self) -> IOStats:
+        return self.opened.stats  # type: ignore[no-any-return]
+
+    async def _opened(self) -> OpenedStorage:
+        opened = self._opening.opened.value
+        return opened if opened is not None else await self._opening.get_async()
+
+    async def _run(self, program: Program[T], max_concurrency: int | None = None) -> T:
+        opened = await self._opened()
+        return await opened.run(program, max_concurrency=max_concurrency)
+
+    async def __aenter__(self: A) -> A:
+        await self._opening.get_async()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._opening.aforget()

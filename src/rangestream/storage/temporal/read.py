@@ -1,0 +1,187 @@
+"""Reading frame windows: which groups a ``fields`` argument needs, and the window program.
+
+A window of some fields of one record is one :class:`~rangestream.layout.pieces.RowRead`
+per field group involved, whose outputs are the fields' new arrays (a field's bytes within
+the group's row); the executors do the rest (one range request per group and block fetched,
+or one copy per field out of a mapped block). On a mapped local dataset a window inside one
+block per group skips the program: ``OpenedTemporal.window_in_block``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rangestream.errors import UnknownFieldError
+from rangestream.layout.executors import Program
+from rangestream.layout.pieces import Output, RowRead, StoredArray, in_one_block
+from rangestream.storage.opening import OpenedStorage
+from rangestream.storage.temporal.index import RecordIndex
+from rangestream.storage.temporal.schema import TemporalSchema
+
+__all__ = ["OpenedTemporal", "Selection"]
+
+_MAX_CACHED_SELECTIONS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class FieldOutput:
+    """One requested field: where it sits in its group's rows and how it is returned."""
+
+    name: str
+    dtype: np.dtype[Any]
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """The groups a ``fields`` argument needs, with the fields to cut out of each."""
+
+    outputs: tuple[FieldOutput, ...]  # in the order the caller asked for
+    groups: tuple[tuple[int, tuple[FieldOutput, ...]], ...]  # (group number, its fields)
+
+
+def select(schema: TemporalSchema, fields: Sequence[str] | None) -> Selection:
+    """The selection of ``fields`` (all fields for ``None``), refusing unknown or repeated
+    names and a bare string (a field name where a list of them is expected)."""
+    if isinstance(fields, (str, bytes)):
+        raise TypeError(f"fields must be a list of field names, got the string {fields!r}")
+    names = schema.field_names if fields is None else list(fields)
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ValueError(f"fields {repeated} are asked for more than once in {list(names)}")
+    unknown = [name for name in names if name not in schema.by_name]
+    if unknown:
+        raise UnknownFieldError(
+            f"unknown field(s) {unknown}; the dataset's fields are {schema.field_names}"
+        )
+    outputs = []
+    by_group: dict[int, list[FieldOutput]] = {}
+    for name in names:
+        number, position = schema.location[name]
+        group = schema.groups[number]
+        spec = group.fields[position]
+        output = FieldOutput(name, spec.dtype, spec.shape, group.offsets[position],
+                             spec.frame_nbytes)  # fmt: skip
+        outputs.append(output)
+        by_group.setdefault(number, []).append(output)
+    return Selection(
+        tuple(outputs),
+        tuple((number, tuple(found)) for number, found in sorted(by_group.items())),
+    )
+
+
+class OpenedTemporal(OpenedStorage):
+    """A temporal dataset's opened version: its record index and window programs."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.index: RecordIndex = args[-1]
+        self.schema = self.index.schema
+        groups = self.schema.groups
+        #: ``arrays[part][group number]``: each group's array in each shard.
+        self.arrays: list[list[StoredArray]] = [
+            [self.array(shard, group.array) for group in groups] for shard in self.shard_ids
+        ]
+        self._selections: dict[tuple[str, ...] | None, Selection] = {}
+
+    def selection(self, fields: Sequence[str] | None) -> Selection:
+        """The selection of ``fields``, checked and made once per distinct argument."""
+        key = None if fields is None else tuple(fields)
+        found = self._selections.get(key)
+        if found is None:
+            found = select(self.schema, fields)
+            if len(self._selections) >= _MAX_CACHED_SELECTIONS:
+                self._selections.clear()
+            self._selections[key] = found
+        return found
+
+    def _outputs(
+        self, selection: Selection, frames: int
+    ) -> tuple[dict[str, np.ndarray], list[tuple[int, tuple[Output, ...]]]]:
+        result = {
+            output.name: np.empty((frames, *output.shape), dtype=output.dtype)
+            for output in selection.outputs
+        }
+        groups = [
+            (number, tuple((result[o.name], o.offset, o.nbytes) for o in outputs))
+            for number, outputs in selection.groups
+        ]
+        return result, groups
+
+    def window(
+        self, record: int, start: int, frames: int, selection: Selection
+    ) -> Program[dict[str, np.ndarray]]:
+        """Program reading one checked window: one row read per selected group.
+
+        The fields' arrays are made once the rows are known to exist (``RowRead.ready``).
+        """
+        index = self.index
+        part = index.record_part.item(record)
+        first = index.record_start.item(record) + start
+        made: list[tuple[dict[str, np.ndarray], list[tuple[int, tuple[Output, ...]]]]] = []
+
+        def outputs_of(position: int) -> Callable[[RowRead], tuple[Output, ...]]:
+            def make(_read: RowRead) -> tuple[Output, ...]:
+                if not made:
+                    made.append(self._outputs(selection, frames))
+                return made[0][1][position][1]
+
+            return make
+
+        arrays = self.arrays[part]
+        reads = [
+            RowRead(arrays[number], first, first + frames, make=outputs_of(position))
+            for position, (number, _outputs) in enumerate(selection.groups)
+        ]
+        if reads:
+            yield reads
+        return made[0][0] if made else self._outputs(selection, frames)[0]
+
+    def window_in_block(
+        self, record: Any, start: Any, frames: Any, fields: Sequence[str] | None
+    ) -> dict[str, np.ndarray] | None:
+        """One window copied out of mapped blocks, or ``None`` (take ``window``).
+
+        The hot path of local windows: only plain ints inside the record, a ``fields``
+        argument seen before, and every group's rows inside one block that is mapped;
+        anything else, and every error, takes the checked program.
+        """
+        mapped = self.mapped
+        if mapped is None or type(record) is not int or type(start) is not int:
+            return None
+        selection = self._selections.get(None if fields is None else tuple(fields))
+        index = self.index
+        if (
+            selection is None
+            or type(frames) is not int
+            or frames <= 0
+            or not 0 <= record < len(index.frame_counts)
+            or start < 0
+            or start + frames > index.frame_counts.item(record)
+        ):
+            return None
+        part = index.record_part.item(record)
+        first = index.record_start.item(record) + start
+        arrays = self.arrays[part]
+        located = []
+        for number, _outputs in selection.groups:
+            array = arrays[number]
+            layout = array.layout
+            found = in_one_block(layout, first, frames)
+            if found is None:
+                return None  # crosses a block boundary: the program reads both parts
+            block, row = found
+            blockfile = mapped.mapping(array, block, (row + frames - 1) // layout.chunk_rows + 1)
+            if blockfile is None:
+                return None
+            located.append((blockfile, array, block, row))
+        result, groups = self._outputs(selection, frames)
+        for (blockfile, array, block, row), (_number, outputs) in zip(located, groups, strict=True):
+            mapped.copy_from(blockfile, array, block, row, frames, outputs)
+        return result

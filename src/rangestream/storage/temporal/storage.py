@@ -1,0 +1,455 @@
+"""``TemporalArrayStorage``: records of named arrays sharing a frame axis, read by window.
+
+Per shard: one array per field group (``storage.temporal.schema``: a lone field keeps its
+dtype and shape, the fields of a listed group are interleaved per frame) and
+``record_rows``, the first and end row of each record in those arrays
+(``storage.temporal.write``). Opening reads the root document and the record index, and
+every window afterwards, the first one included, costs one range request per selected group
+(one more only where a record longer than a block crosses a boundary).
+
+The storage follows the lifecycle of every kind (``storage.opening``): its readers are
+faces of the version opened in their process. ``read_window`` and ``aread_window`` can also
+be called on the storage itself, in DataLoader workers too: they use the storage's own
+opened version of the process, shared by any number of threads and event loops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from rangestream.arguments import positive_integer
+from rangestream.errors import MetadataError, SchemaMismatchError
+from rangestream.io.local import INLINE_READ_BYTES
+from rangestream.io.range_reader import RangeReader
+from rangestream.io.stats import IOStats
+from rangestream.io.store import ObjectStore
+from rangestream.layout.block import ArrayLayout
+from rangestream.layout.executors import Program
+from rangestream.layout.manifest import ROOT_KEY, Manifest, data_prefix
+from rangestream.layout.pieces import RowRead, StoredArray
+from rangestream.storage.base import Storage
+from rangestream.storage.options import LayoutOptions
+from rangestream.storage.readers import AsyncReader, SyncReader
+from rangestream.storage.temporal.index import RecordIndex
+from rangestream.storage.temporal.read import OpenedTemporal
+from rangestream.storage.temporal.schema import (
+    RECORD_ROWS,
+    TemporalSchema,
+    normalize_field_groups,
+)
+from rangestream.storage.temporal.write import (
+    INDEX_ARRAY,
+    TemporalShardEncoder,
+    group_layouts,
+    write_record_index,
+)
+from rangestream.storage.writing import ShardEncoder
+
+__all__ = [
+    "DEFAULT_CHUNK_FRAMES",
+    "DEFAULT_TEMPORAL_BLOCK_BYTES",
+    "DEFAULT_TEMPORAL_CHUNK_BYTES",
+    "TemporalArrayStorage",
+]
+
+_INT64 = np.dtype("<i8")
+#: Target bytes of one inner chunk of a group array: the unit of checksums and of the
+#: over-fetch at each end of a window.
+DEFAULT_TEMPORAL_CHUNK_BYTES = 8 * 1024
+#: Bound on one block of a group array. Larger than other storages' 4 MiB because a record
+#: that would cross a block boundary starts at the next one instead, and the padding this
+#: costs shrinks with the block (docs/design.md). Reads never fetch whole blocks.
+DEFAULT_TEMPORAL_BLOCK_BYTES = 16 * 1024 * 1024
+#: Most frames in one inner chunk, so a narrow group (a few bytes per frame) is not
+#: over-fetched by hundreds of frames around a short window.
+DEFAULT_CHUNK_FRAMES = 32
+_INDEX_CHUNK_BYTES = 8 * 1024
+
+
+def _concurrency(max_concurrency: int | None, max_concurrent_reads: int | None) -> int | None:
+    """One bound from the two names callers use (``max_concurrent_reads`` is LitData's)."""
+    if max_concurrency is not None and max_concurrent_reads is not None:
+        raise TypeError("give max_concurrency or max_concurrent_reads, not both")
+    value = max_concurrency if max_concurrency is not None else max_concurrent_reads
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"max_concurrent_reads must be an integer >= 1, got {value!r}")
+    return value
+
+
+class TemporalArrayStorage(Storage):
+    """Records of named arrays with a common frame axis, read as windows of frames.
+
+    A record is a flat mapping of field name to a numpy array (or torch tensor) shaped
+    ``(frames, ...)``; names, dtypes and trailing shapes are fixed by the first record
+    written, frame counts vary. Reading a window of some fields costs one range request per
+    field group involved, so training can sample short windows out of long recordings
+    straight from object storage.
+
+    Parameters
+    ----------
+    url
+        Where the dataset lives (local path, ``s3://``, ``memory://``, any fsspec URL).
+    field_groups
+        Lists of fields stored interleaved per frame, e.g. ``[["clock", "valid", "pose"]]``:
+        a window of a group is one contiguous range, so fields read together should be
+        grouped. Selecting one field of a group still fetches the whole group's rows for the
+        window (over-fetch). Unlisted fields are stored alone with their own dtype and shape.
+        Readers discover the grouping from the store; if given when reading, it must match.
+    chunk_frames
+        Most frames per inner chunk (default 32), so narrow groups are not over-fetched.
+        Inner chunks hold a power of two of frames.
+    **options
+        See ``Storage``. ``chunk_bytes`` (default 8 KiB) is the target size of an inner
+        chunk of a group array; ``block_bytes`` (default 16 MiB) bounds one stored block:
+        a record that would cross a block boundary starts at the next block instead (zero
+        rows in between), so its windows are one request per group.
+    """
+
+    kind = "temporal"
+    opened_class = OpenedTemporal
+    default_layout = LayoutOptions(DEFAULT_TEMPORAL_CHUNK_BYTES, DEFAULT_TEMPORAL_BLOCK_BYTES)
+
+    def __init__(
+        self,
+        url: str | os.PathLike[str],
+        field_groups: Sequence[Sequence[str]] | None = None,
+        *,
+        chunk_frames: int = DEFAULT_CHUNK_FRAMES,
+        **options: Any,
+    ) -> None:
+        super().__init__(url, **options)
+        self.field_groups = normalize_field_groups(field_groups)
+        self.chunk_frames = positive_integer(chunk_frames, "chunk_frames")
+        self._bound: TemporalSchema | None = None  # set on writer copies by the first record
+        self._default_reader: TemporalReader | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_default_reader"] = None  # made again, lazily, in the new process
+        return state
+
+    # -- layout and schema (writing) ------------------------------------------------------
+    def _index_layout(self) -> ArrayLayout:
+        return ArrayLayout.for_sizes(
+            _INT64,
+            (2,),
+            chunk_bytes=_INDEX_CHUNK_BYTES,
+            block_bytes=max(self.block_bytes, _INDEX_CHUNK_BYTES),
+            dense_chunks=self.dense_chunks,
+        )
+
+    def _group_layouts(self, schema: TemporalSchema) -> dict[str, ArrayLayout]:
+        return group_layouts(schema, self._layout, self.chunk_frames, self.chunk_bytes)
+
+    def _array_layouts(self) -> dict[str, ArrayLayout]:
+        layouts = {RECORD_ROWS: self._layout(_INT64, (2,), chunk_bytes=max(self.chunk_bytes, 8192))}
+        if self._bound is not None:
+            layouts.update(self._group_layouts(self._bound))
+        return layouts
+
+    def _array_attributes(self, name: str) -> dict[str, Any]:
+        if self._bound is None or name == RECORD_ROWS:
+            return {}
+        for group in self._bound.groups:
+            if group.array == name:
+                return {"rangestream_fields": [spec.name for spec in group.fields]}
+        return {}
+
+    def _schema(self) -> dict[str, Any]:
+        schema = self._bound if self._bound is not None else TemporalSchema([], [])
+        return {**schema.to_json(), "index": self._index_layout().to_json()}
+
+    def _bind_record(self, data: Any) -> TemporalArrayStorage:
+        if self._bound is not None:
+            return self
+        bound = copy.copy(self)
+        bound._bound = TemporalSchema.from_record(data, self.field_groups)
+        return bound
+
+    def _bind_schema(self, schema: dict[str, Any], where: str) -> TemporalArrayStorage:
+        parsed = TemporalSchema.from_json(schema, where)
+        if self._bound is None:
+            bound = copy.copy(self)
+            bound._bound = parsed
+            return bound
+        if parsed != self._bound:
+            raise SchemaMismatchError(
+                f"{where} was written with another schema than an earlier part: "
+                f"{self._bound.difference(parsed)}"
+            )
+        return self
+
+    def _shard_encoder(self) -> ShardEncoder:
+        if self._bound is None:
+            raise RuntimeError("the schema is fixed by the first record (see _bind_record)")
+        grid = min(layout.block_rows for layout in self._group_layouts(self._bound).values())
+        return TemporalShardEncoder(self._bound, grid)
+
+    async def _write_derived_index(self, store: ObjectStore, manifest: Manifest) -> None:
+        schema = self._bound if self._bound is not None else TemporalSchema([], [])
+        reader = RangeReader(store, retry=self.retry)
+        await write_record_index(
+            store, manifest, schema, self._index_layout(), reader, f"{self.url} (commit)"
+        )
+
+    # -- schema and index (opening) ---------------------------------------------------------
+    def _stored_schema(self, manifest: Manifest, where: str) -> tuple[TemporalSchema, ArrayLayout]:
+        stored = manifest.schema
+        schema = TemporalSchema.from_json(stored, where)
+        index_layout = ArrayLayout.from_json(stored.get("index"), f"{where} index layout")
+        if index_layout.dtype != _INT64 or index_layout.row_shape != (2,):
+            raise MetadataError(f"{where}: the record index must be int64 rows of shape (2,)")
+        expected = {RECORD_ROWS, *(group.array for group in schema.groups)}
+        if set(manifest.arrays) != expected:
+            raise MetadataError(
+                f"{where}: arrays {sorted(manifest.arrays)} do not match the schema's "
+                f"{sorted(expected)}"
+            )
+        shard_layout = manifest.arrays[RECORD_ROWS]
+        if shard_layout.dtype != _INT64 or shard_layout.row_shape != (2,):
+            raise MetadataError(f"{where}: {RECORD_ROWS} must be int64 rows of shape (2,)")
+        for group in schema.groups:
+            layout = manifest.arrays[group.array]
+            if layout.dtype != group.row_dtype or layout.row_shape != group.row_shape:
+                raise MetadataError(
+                    f"{where}: array {group.array!r} is stored as {layout.dtype} rows of shape "
+                    f"{layout.row_shape}, its fields need {group.row_dtype} {group.row_shape}"
+                )
+        wanted = {frozenset(group) for group in self.field_groups if len(group) > 1}
+        if self.field_groups and schema.fields and wanted != schema.interleaved_groups:
+            stored_groups = sorted(sorted(group) for group in schema.interleaved_groups)
+            raise SchemaMismatchError(
+                f"{self.url} stores field groups {stored_groups}, but field_groups="
+                f"{[list(group) for group in self.field_groups]} was given; changing the "
+                "grouping means rewriting (omit field_groups to read the stored layout)"
+            )
+        return schema, index_layout
+
+    def _check_schema(self, manifest: Manifest) -> None:
+        self._stored_schema(manifest, f"{self.url}/{ROOT_KEY}")
+
+    def _open_index(self, manifest: Manifest) -> Program[RecordIndex]:
+        where = f"{self.url}/{ROOT_KEY}"
+        schema, index_layout = self._stored_schema(manifest, where)
+        total = int(manifest.lengths[RECORD_ROWS].sum())
+        records = np.empty((0, 2), dtype=_INT64)
+        if total:
+            key = f"{data_prefix(manifest.commit_id)}/{INDEX_ARRAY}"
+            read = RowRead.whole(StoredArray(key, index_layout, total, "record_rows"), 0, total)
+            yield [read]
+            records = read.target.reshape(-1).view(_INT64).reshape(-1, 2)
+        return RecordIndex(manifest, schema, records, where)
+
+    # -- readers ------------------------------------------------------------------------------
+    def _reader(self) -> TemporalReader:
+        reader = self._default_reader
+        if reader is None:
+            reader = self._default_reader = TemporalReader(self, self._default_opening)
+        return reader
+
+    @property
+    def frame_counts(self) -> np.ndarray:
+        """Frames of every record (read-only ``int64``), in global shard-by-shard order."""
+        return self._reader().frame_counts
+
+    def __len__(self) -> int:
+        """Number of records."""
+        return len(self._reader())
+
+    def __getitem__(self, record: int) -> dict[str, np.ndarray]:
+        """The whole record: every field, all frames (negative indexes count from the end)."""
+        return self._reader()[record]
+
+    @property
+    def fields(self) -> list[str]:
+        """Field names, in the order of the first record written."""
+        return self._reader().fields
+
+    def read_window(
+        self,
+        record: int,
+        start: int,
+        frames: int,
+        fields: Sequence[str] | None = None,
+        *,
+        max_concurrency: int | None = None,
+        max_concurrent_reads: int | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Frames ``[start, start + frames)`` of some fields of one record.
+
+        Parameters
+        ----------
+        record
+            Global record index (shard by shard, in append order within a shard).
+        start, frames
+            The window; it must lie inside the record (no padding, no truncation).
+        fields
+            Field names to return; ``None`` means all, ``[]`` returns ``{}`` without reading.
+        max_concurrency, max_concurrent_reads
+            Requests in flight for this window (one name or the other; LitData calls it
+            ``max_concurrent_reads``); the storage's ``max_concurrency`` by default.
+
+        Returns
+        -------
+        dict
+            Field name to a new numpy array ``(frames, *trailing)`` with the stored dtype,
+            writable and owning its memory. On a local path the window is copied out of
+            memory-mapped blocks in the calling thread; elsewhere the bytes are fetched on
+            the process's I/O loop.
+        """
+        return self._reader().read_window(
+            record, start, frames, fields,
+            max_concurrency=max_concurrency, max_concurrent_reads=max_concurrent_reads,
+        )  # fmt: skip
+
+    async def aread_window(
+        self,
+        record: int,
+        start: int,
+        frames: int,
+        fields: Sequence[str] | None = None,
+        *,
+        max_concurrency: int | None = None,
+        max_concurrent_reads: int | None = None,
+    ) -> dict[str, np.ndarray]:
+        """``read_window`` for async callers; many may run at once on any event loop.
+
+        The bound on requests in flight holds for this call; the process-wide bound
+        (``set_process_max_concurrency``) holds across all calls. Cancelling a call cancels
+        and drains its requests. Local windows are copied out of mapped blocks inline (a
+        large one in a worker thread).
+        """
+        opened = await self._default_opening.get_async()
+        return await _aread_window(
+            opened, record, start, frames, fields,
+            _concurrency(max_concurrency, max_concurrent_reads),
+        )  # fmt: skip
+
+    @property
+    def stats(self) -> IOStats:
+        """Exact requests and bytes this process has issued for this storage (opening too)."""
+        opened = self._default_opening.opened.value
+        return IOStats() if opened is None else opened.stats
+
+    def close(self) -> None:
+        """Release this process's open files, mappings or I/O-loop connections; reads make
+        them again (the opened version, record index included, is kept)."""
+        opened = self._default_opening.opened.value
+        if opened is not None:
+            opened.release_sync()
+
+    async def aclose(self) -> None:
+        """Release the connections the running event loop holds (or local open files)."""
+        opened = self._default_opening.opened.value
+        if opened is not None:
+            await opened.arelease()
+
+    def sync_reader(self) -> TemporalReader:
+        return TemporalReader(self)
+
+    def async_reader(self) -> AsyncTemporalReader:
+        return AsyncTemporalReader(self)
+
+
+class _TemporalFacts:
+    opened: Any
+
+    @property
+    def frame_counts(self) -> np.ndarray:
+        return self.opened.index.frame_counts  # type: ignore[no-any-return]
+
+    @property
+    def fields(self) -> list[str]:
+        return self.opened.schema.field_names  # type: ignore[no-any-return]
+
+    def __len__(self) -> int:
+        return len(self.opened.index)
+
+
+class TemporalReader(_TemporalFacts, SyncReader):
+    """Sync windows and records of a temporal storage."""
+
+    def __getitem__(self, record: int) -> dict[str, np.ndarray]:
+        """The whole record: every field, all frames (negative indexes count from the end)."""
+        index = self.opened.index
+        record = index.check_record(record)
+        return self.read_window(record, 0, index.frame_counts.item(record))
+
+    def read_window(
+        self,
+        record: int,
+        start: int,
+        frames: int,
+        fields: Sequence[str] | None = None,
+        *,
+        max_concurrency: int | None = None,
+        max_concurrent_reads: int | None = None,
+    ) -> dict[str, np.ndarray]:
+        """See ``TemporalArrayStorage.read_window``."""
+        opened = self._opening.opened.value or self._opening.get_sync()
+        if max_concurrency is None and max_concurrent_reads is None:
+            window = opened.window_in_block(record, start, frames, fields)
+            if window is not None:
+                return window  # type: ignore[no-any-return]
+            bound = None
+        else:
+            bound = _concurrency(max_concurrency, max_concurrent_reads)
+        record, start, frames = opened.index.check_window(record, start, frames)
+        selection = opened.selection(fields)
+        if not selection.outputs:
+            return {}
+        program = opened.window(record, start, frames, selection)
+        return opened.run_sync(program, max_concurrency=bound)  # type: ignore[no-any-return]
+
+
+class AsyncTemporalReader(_TemporalFacts, AsyncReader):
+    """Async windows of a temporal storage."""
+
+    async def read_window(
+        self,
+        record: int,
+        start: int,
+        frames: int,
+        fields: Sequence[str] | None = None,
+        *,
+        max_concurrency: int | None = None,
+        max_concurrent_reads: int | None = None,
+    ) -> dict[str, np.ndarray]:
+        opened = await self._opened()
+        return await _aread_window(
+            opened, record, start, frames, fields,
+            _concurrency(max_concurrency, max_concurrent_reads),
+        )  # fmt: skip
+
+
+async def _aread_window(
+    opened: Any,
+    record: Any,
+    start: Any,
+    frames: Any,
+    fields: Sequence[str] | None,
+    bound: int | None,
+) -> dict[str, np.ndarray]:
+    record, start, frames = opened.index.check_window(record, start, frames)
+    selection = opened.selection(fields)
+    if not selection.outputs:
+        return {}
+    if opened.mapped is not None:
+        nbytes = frames * sum(output.nbytes for output in selection.outputs)
+        if nbytes <= INLINE_READ_BYTES:
+            window = opened.window_in_block(record, start, frames, fields)
+        else:  # a copy of this size would stall the loop: in a thread
+            window = await asyncio.to_thread(opened.window_in_block, record, start, frames, fields)
+        if window is not None:
+            return window  # type: ignore[no-any-return]
+    return await opened.run(  # type: ignore[no-any-return]
+        opened.window(record, start, frames, selection), max_concurrency=bound
+    )
