@@ -147,3 +147,54 @@ def test_wrong_arguments_raise_type_errors(copy_rows: row_copy.CopyRows) -> None
         copy_rows(source, bytes(16), 0, 1, 8, 132, 16, 0, 16)
     with pytest.raises((TypeError, BufferError, ValueError)):  # a strided view: not contiguous
         copy_rows(source, np.empty(32, np.uint8)[::2], 0, 1, 8, 132, 16, 0, 16)
+
+
+@pytest.fixture(params=["compiled", "numpy"])
+def copy_piece(request: pytest.FixtureRequest) -> row_copy.CopyPiece:
+    if request.param == "numpy":
+        return row_copy.numpy_copy_piece
+    assert row_copy.compiled(), NOT_BUILT
+    return row_copy.copy_piece
+
+
+def test_a_piece_is_copied_to_every_output_and_counted_once_when_its_chunks_are_verified(
+    copy_piece: row_copy.CopyPiece,
+) -> None:
+    records = np.zeros(
+        64, dtype=np.dtype([("clock", "<f8"), ("valid", "?"), ("pose", "<f4", (7,))])
+    )
+    records["clock"] = np.arange(64) * 0.25
+    records["pose"] = np.arange(64 * 7, dtype=np.float32).reshape(64, 7)
+    source, stored = block_of(records.view(np.uint8).reshape(64, 37), 8)
+    verified = bytearray(8)
+    counter = [3, 100]
+    clock, pose = np.full(20, -1.0), np.full((20, 7), -1.0, np.float32)
+    outputs = ((clock, 0, 8), (pose, 9, 28))
+    assert copy_piece(source, outputs, 5, 20, 8, stored, 37, verified, counter) == 1
+    assert counter == [3, 100] and (clock == -1).all()  # nothing done before verification
+    verified[0:4] = b"\x01" * 4  # rows 5..24 lie in chunks 0..3
+    assert copy_piece(source, outputs, 5, 20, 8, stored, 37, verified, counter) == 0
+    assert counter == [4, 100 + 4 * stored]
+    np.testing.assert_array_equal(clock, records["clock"][5:25])
+    np.testing.assert_array_equal(pose, records["pose"][5:25])
+    assert copy_piece(source, ((clock, 0, 8),), 5, 20, 8, stored, 37, None, counter) == 0
+    assert counter == [5, 100 + 8 * stored]  # no flags: checksums off, still counted
+
+
+def test_a_piece_outside_its_source_or_target_is_refused_before_anything(
+    copy_piece: row_copy.CopyPiece,
+) -> None:
+    rows = np.arange(64 * 16, dtype=np.uint8).reshape(64, 16)
+    source, stored = block_of(rows, 8)
+    counter = [0, 0]
+    verified = bytearray(b"\x01" * 8)
+    short = source[: 3 * stored]  # chunks 0..2 only
+    target = np.full((20, 16), 0xEE, np.uint8)
+    assert copy_piece(short, ((target, 0, 16),), 10, 20, 8, stored, 16, verified, counter) == 2
+    assert (
+        copy_piece(source, ((target[:10], 0, 16),), 10, 20, 8, stored, 16, verified, counter) == 2
+    )
+    assert copy_piece(source, ((target, 0, 16),), 60, 20, 8, stored, 16, verified, counter) == 2
+    assert counter == [0, 0] and (target == 0xEE).all()
+    with pytest.raises((TypeError, ValueError, BufferError)):
+        copy_piece(source, ((bytes(320), 0, 16),), 0, 20, 8, stored, 16, verified, counter)

@@ -1,7 +1,7 @@
 """The ``copies`` fixture: run a mapped-read test with each row copier.
 
-Reads copy rows with ``rangestream.layout.copy.copy_rows``: the compiled helper when it is
-built, numpy otherwise; both must give the same arrays and counts. Executors take the copier
+Reads copy rows with ``rangestream.layout.copy.copy_rows`` and ``copy_piece``: the compiled
+helper when it is built, numpy otherwise; both must give the same arrays and counts. Executors take the copier
 when they are made, so the fixture sets it before the test opens anything. A missing
 compiled helper fails the "compiled" case rather than skipping it, so a CI run cannot pass
 green without it.
@@ -31,15 +31,23 @@ def copies(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> C
     used = Copies(request.param)
     if request.param == "numpy":
         monkeypatch.setattr(row_copy, "copy_rows", row_copy.numpy_copy_rows)
+        monkeypatch.setattr(row_copy, "copy_piece", row_copy.numpy_copy_piece)
         return used
     assert row_copy.compiled(), (
         "rangestream.layout._chunked is not built: install a C compiler, then reinstall"
     )
-    compiled = row_copy.copy_rows
+    compiled_rows, compiled_piece = row_copy.copy_rows, row_copy.copy_piece
 
-    def counted(*args: Any) -> None:
+    def counted_rows(*args: Any) -> None:
         used.calls += 1
-        compiled(*args)
+        compiled_rows(*args)
 
-    monkeypatch.setattr(row_copy, "copy_rows", counted)
+    def counted_piece(*args: Any) -> int:
+        status = compiled_piece(*args)
+        if status == 0:
+            used.calls += len(args[1])  # one copy per output
+        return status
+
+    monkeypatch.setattr(row_copy, "copy_rows", counted_rows)
+    monkeypatch.setattr(row_copy, "copy_piece", counted_piece)
     return used

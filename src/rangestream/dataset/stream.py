@@ -134,6 +134,8 @@ class StreamWindowReader(_Windows):
     def __init__(self, dataset: StreamDataset) -> None:
         super().__init__(dataset, dataset.storage.sync_reader())
         self._read = self._storage_reader.read
+        self._opened = self._storage_reader.opened_holder
+        self._window: Any = None  # (opened version, its window reader)
 
     def __enter__(self) -> StreamWindowReader:
         self._storage_reader.__enter__()
@@ -146,13 +148,19 @@ class StreamWindowReader(_Windows):
         self._storage_reader.close()
 
     def __getitem__(self, key: int | slice) -> Any:
-        if type(key) is int:  # the hot path: one window, straight to the storage reader
+        if type(key) is int:  # the hot path: one window, straight to the opened version
             count = self._count
             if count is None:
                 count = len(self)
             if key < 0:
                 key += count
             if 0 <= key < count:
+                reader = self._window
+                if reader is None or reader[0] is not self._opened.value:
+                    reader = self._window_reader()
+                window = reader[1](key)
+                if window is not None:
+                    return window
                 return self._read(key * self._stride, self._length)
         indexes, many = self._positions(key)
         results = self._storage_reader.read_many(self._requests(indexes))
@@ -162,6 +170,17 @@ class StreamWindowReader(_Windows):
         """Windows at ``indexes`` (any order), fetched in one round of requests."""
         checked = [self._positions(int(i))[0][0] for i in indexes]
         return self._storage_reader.read_many(self._requests(checked))  # type: ignore[no-any-return]
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_window"] = None  # the opened version's reader is per process
+        return state
+
+    def _window_reader(self) -> tuple[Any, Any]:
+        """The opened version's reader of single windows of this dataset's shape."""
+        opened = self._storage_reader.opened
+        self._window = (opened, opened.window_reader(self._length, self._stride))
+        return self._window
 
 
 class AsyncStreamWindowReader(_Windows):

@@ -34,6 +34,7 @@ class StreamNumpyFormat(StreamStorageFormat[DataT, DataT, Any], Generic[DataT]):
             raise ValueError(f"StreamNumpyFormat needs a structured dtype, got {dtype}")
         check_plain_dtype(dtype, "StreamNumpyFormat")
         super().__init__(dtype)
+        self.names: tuple[str, ...] = dtype.names
 
     def pack(self, data: DataT) -> Vector:
         names = self.stream_dtype.names or ()
@@ -70,4 +71,7 @@ class StreamNumpyFormat(StreamStorageFormat[DataT, DataT, Any], Generic[DataT]):
         return out
 
     def unpack(self, stream: Vector, shard_lengths: Vector, shards: Vector) -> DataT:
-        return {name: stream[name] for name in self.stream_dtype.names or ()}  # type: ignore[return-value]
+        names = self.names
+        if len(names) == 1:  # a comprehension's frame costs more than the view it makes
+            return {names[0]: stream[names[0]]}  # type: ignore[return-value]
+        return {name: stream[name] for name in names}  # type: ignore[return-value]

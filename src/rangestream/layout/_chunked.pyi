@@ -12,3 +12,15 @@ def copy_rows(
     field_nbytes: int,
     /,
 ) -> None: ...
+def copy_piece(
+    source: Any,
+    outputs: tuple[tuple[Any, int, int], ...],
+    start: int,
+    rows: int,
+    chunk_rows: int,
+    stored: int,
+    row_nbytes: int,
+    verified: bytearray | None,
+    counter: list[int],
+    /,
+) -> int: ...

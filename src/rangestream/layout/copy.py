@@ -23,13 +23,23 @@ from typing import Any
 import numpy as np
 
 try:
+    from rangestream.layout._chunked import copy_piece as _compiled_copy_piece
     from rangestream.layout._chunked import copy_rows as _compiled_copy_rows
 except ImportError:  # built without a C compiler
-    _compiled_copy_rows = None
+    _compiled_copy_rows = _compiled_copy_piece = None
 
-__all__ = ["CopyRows", "compiled", "copy_rows", "numpy_copy_rows"]
+__all__ = [
+    "CopyPiece",
+    "CopyRows",
+    "compiled",
+    "copy_piece",
+    "copy_rows",
+    "numpy_copy_piece",
+    "numpy_copy_rows",
+]
 
 CopyRows = Callable[[Any, Any, int, int, int, int, int, int, int], None]
+CopyPiece = Callable[[Any, Any, int, int, int, int, int, Any, list[int]], int]
 
 
 def numpy_copy_rows(
@@ -95,8 +105,52 @@ def numpy_copy_rows(
         out[done:] = cells[1 + whole, : rows - done]
 
 
+def numpy_copy_piece(
+    source: Any,
+    outputs: tuple[tuple[Any, int, int], ...],
+    start: int,
+    rows: int,
+    chunk_rows: int,
+    stored: int,
+    row_nbytes: int,
+    verified: bytearray | None,
+    counter: list[int],
+) -> int:
+    """``copy_piece`` with ``numpy_copy_rows``: 0 done, 1 a chunk not verified yet, 2 the
+    rows lie outside the source (nothing counted or copied unless 0)."""
+    if start < 0 or rows <= 0 or chunk_rows <= 0 or stored <= 0:
+        return 2
+    first, end = start // chunk_rows, (start + rows - 1) // chunk_rows + 1
+    size = np.frombuffer(source, dtype=np.uint8).size
+    if end * stored > size:  # whole stored chunks first: before a flag or a chunk is read
+        return 2
+    if verified is not None:
+        if end > len(verified):
+            return 2
+        if verified.find(0, first, end) >= 0:
+            return 1
+    last = start + rows - 1
+    for target, offset, nbytes in outputs:
+        reach = (last // chunk_rows) * stored + (last % chunk_rows) * row_nbytes + offset + nbytes
+        if (
+            reach > size
+            or stored < chunk_rows * row_nbytes
+            or not 0 <= offset <= row_nbytes - nbytes
+            or np.frombuffer(target, dtype=np.uint8).size != rows * nbytes
+        ):
+            return 2
+    counter[0] += 1
+    counter[1] += (end - first) * stored
+    for target, offset, nbytes in outputs:
+        numpy_copy_rows(source, target, start, rows, chunk_rows, stored, row_nbytes, offset,
+                        nbytes)  # fmt: skip
+    return 0
+
+
 #: The copier readers use: compiled when built, else numpy (tests switch between them).
 copy_rows: CopyRows = _compiled_copy_rows or numpy_copy_rows
+#: A piece of a mapped block checked, counted and copied at once (``MappedExecutor``).
+copy_piece: CopyPiece = _compiled_copy_piece or numpy_copy_piece
 
 
 def compiled() -> bool:

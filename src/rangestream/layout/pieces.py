@@ -29,7 +29,9 @@ class StoredArray:
     """One array of one shard as stored: its key, layout, length and name.
 
     ``ident`` is a small integer unique among the arrays of one opened dataset; mapped
-    blocks are found by ``(ident << 40) + block`` instead of by building their path.
+    blocks are found by ``block_base + block`` (``ident << 40``) instead of by building
+    their path. The layout's sizes are copied onto the array once: single windows read
+    them on every call.
     """
 
     key: str
@@ -37,6 +39,24 @@ class StoredArray:
     length: int
     kind: str
     ident: int = 0
+    block_base: int = field(init=False, repr=False)
+    block_rows: int = field(init=False, repr=False)
+    chunk_rows: int = field(init=False, repr=False)
+    stored: int = field(init=False, repr=False)
+    row_nbytes: int = field(init=False, repr=False)
+    dense: bool = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        layout = self.layout
+        for name, value in (
+            ("block_base", self.ident << 40),
+            ("block_rows", layout.block_rows),
+            ("chunk_rows", layout.chunk_rows),
+            ("stored", layout.stored_chunk_nbytes),
+            ("row_nbytes", layout.row_nbytes),
+            ("dense", layout.dense_chunks),
+        ):
+            object.__setattr__(self, name, value)
 
     def block_key(self, block: int) -> str:
         return self.layout.block_key(self.key, block)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from rangestream.io.process import ProcessLocal
 from rangestream.io.stats import IOStats
 from rangestream.layout.executors import Program
 from rangestream.storage.opening import OpenedStorage, Opening
@@ -35,6 +36,12 @@ class SyncReader:
         """This process's opened version (opened now if needed)."""
         opened = self._opening.opened.value
         return opened if opened is not None else self._opening.get_sync()
+
+    @property
+    def opened_holder(self) -> ProcessLocal[OpenedStorage]:
+        """Where the opened version is kept (``value``: ``None`` until opened, and in a
+        forked child), for layers above that read it on every call."""
+        return self._opening.opened
 
     @property
     def stats(self) -> IOStats:

@@ -22,7 +22,7 @@ from rangestream.layout.block import ArrayLayout
 from rangestream.layout.dtypes import check_plain_dtype, dtype_from_json, dtype_to_json
 from rangestream.layout.executors import Program
 from rangestream.layout.manifest import Manifest
-from rangestream.layout.pieces import Output, RowRead, StoredArray, in_one_block
+from rangestream.layout.pieces import Output, RowRead, StoredArray
 from rangestream.storage.base import Storage
 from rangestream.storage.opening import OpenedStorage
 from rangestream.storage.readers import AsyncReader, SyncReader
@@ -78,6 +78,10 @@ def check_stream_format(storage_format: Any, methods: Sequence[str]) -> np.dtype
     return dtype
 
 
+def _no_window(index: int) -> None:
+    return None  # no mapped blocks: every window takes the program
+
+
 class _Window:
     """One window's array, made by the first of its segments' reads that is ready."""
 
@@ -120,6 +124,7 @@ class OpenedStream(OpenedStorage):
         self.unpack = self.format.unpack
         self._streams = [self.array(shard, "stream") for shard in self.shard_ids]
         self._segment_arrays: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        self._window_readers: dict[tuple[int, int], Callable[[int], Any]] = {}
 
     # -- where a window lies --------------------------------------------------------------
     def check_range(self, global_index: Any, length: Any) -> tuple[int, int]:
@@ -201,29 +206,48 @@ class OpenedStream(OpenedStorage):
         The hot path of local random windows: only plain ints, inside one shard and one
         block of a mapped dataset; anything else, and every error, takes the program.
         """
-        mapped = self.mapped
-        if mapped is None or type(global_index) is not int or type(length) is not int:
+        if type(global_index) is not int or type(length) is not int or length <= 0:
             return None
-        bounds = self._bounds
-        if length <= 0 or global_index < 0 or global_index + length > bounds[-1]:
-            return None
-        part = bisect.bisect_right(bounds, global_index) - 1
-        local = global_index - bounds[part]
-        if local + length > bounds[part + 1] - bounds[part]:
-            return None  # spans shards (bisect skipped empty ones)
-        array = self._streams[part]
-        layout = array.layout
-        found = in_one_block(layout, local, length)
-        if found is None:
-            return None
-        block, row = found
-        blockfile = mapped.mapping(array, block, (row + length - 1) // layout.chunk_rows + 1)
-        if blockfile is None:
-            return None
-        out = np.empty(length, dtype=self.dtype)
-        mapped.copy_from(blockfile, array, block, row, length, ((out, 0, self.itemsize),))
-        segments = self._segment_arrays.get((length, part)) or self.segment_arrays(length, part)
-        return self.unpack(out, *segments)
+        return self.window_reader(length, 1)(global_index)
+
+    def window_reader(self, length: int, stride: int) -> Callable[[int], Any]:
+        """``read(i)``: window ``i`` (elements ``[i * stride, i * stride + length)``) copied
+        out of a mapped block, or ``None`` where the program must read it (out of range,
+        across shards or blocks, not mapped).
+
+        Made once per window shape, with every constant bound: it runs for every local
+        random window, where a few attribute loads and a call are a tenth of the time.
+        """
+        found = self._window_readers.get((length, stride))
+        if found is not None:
+            return found
+        copy = None if self.mapped is None else self.mapped.block_copier(self._streams)
+        if copy is None or length > self.manifest.arrays["stream"].block_rows:
+            return _no_window  # not mapped, or never inside one block
+        bounds, dtype, itemsize = self._bounds, self.dtype, self.itemsize
+        last = bounds[-1] - length
+        unpack, empty, bisect_right = self.unpack, np.empty, bisect.bisect_right
+        segments = [self.segment_arrays(length, part) for part in range(len(self._streams))]
+        # the last start of a window inside each shard (bisect skips empty shards)
+        inside = [bounds[part + 1] - length for part in range(len(self._streams))]
+
+        def read(index: int) -> Any:
+            start = index * stride
+            if start < 0 or start > last:
+                return None
+            part = bisect_right(bounds, start) - 1
+            if start > inside[part]:
+                return None  # spans shards
+            out = empty(length, dtype)
+            if not copy(part, start - bounds[part], length, ((out, 0, itemsize),)):
+                return None
+            lengths, shards = segments[part]
+            return unpack(out, lengths, shards)
+
+        if len(self._window_readers) >= 64:
+            self._window_readers.clear()
+        self._window_readers[(length, stride)] = read
+        return read
 
     def segment_arrays(self, length: int, part: int) -> tuple[np.ndarray, np.ndarray]:
         """``unpack``'s segment lengths and shard ids of a one-segment read (read-only

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Generator, Hashable, Mapping, Sequence
+from collections.abc import Callable, Generator, Hashable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -54,6 +54,7 @@ from rangestream.storage.stream import (
     OpenedStream,
     StreamStorage,
     StreamStorageReader,
+    _no_window,
     check_stream_array,
 )
 from rangestream.storage.writing import ShardEncoder
@@ -267,8 +268,8 @@ class OpenedStreamWithMeta(OpenedStream):
         self.run_indexes = ArrayCache(storage.run_index_cache_bytes)
         self.run_chunks = ArrayCache(storage.run_cache_bytes)
 
-    def read_in_block(self, global_index: Any, length: Any) -> Any:
-        return None  # a window needs its payloads too: always the program
+    def window_reader(self, length: int, stride: int) -> Callable[[int], Any]:
+        return _no_window  # a window needs its payloads too: always the program
 
     def _where(self, shard: int, name: str) -> str:
         return self.describe(self.manifest.array_key(shard, name))

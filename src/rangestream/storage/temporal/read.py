@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from rangestream.errors import UnknownFieldError
-from rangestream.layout.executors import Program
+from rangestream.layout.executors import BlockCopier, Program
 from rangestream.layout.pieces import Output, RowRead, StoredArray, in_one_block
 from rangestream.storage.opening import OpenedStorage
 from rangestream.storage.temporal.index import RecordIndex
@@ -89,6 +89,14 @@ class OpenedTemporal(OpenedStorage):
             [self.array(shard, group.array) for group in groups] for shard in self.shard_ids
         ]
         self._selections: dict[tuple[str, ...] | None, Selection] = {}
+        #: Per group: the mapped executor's copier of its arrays (``None``: not mapped).
+        self.copiers = [self._copier(number) for number in range(len(groups))]
+
+    def _copier(self, number: int) -> BlockCopier | None:
+        """The mapped executor's copier of group ``number``'s arrays, if blocks are mapped."""
+        if self.mapped is None:
+            return None
+        return self.mapped.block_copier([arrays[number] for arrays in self.arrays])
 
     def selection(self, fields: Sequence[str] | None) -> Selection:
         """The selection of ``fields``, checked and made once per distinct argument."""
@@ -168,20 +176,22 @@ class OpenedTemporal(OpenedStorage):
             return None
         part = index.record_part.item(record)
         first = index.record_start.item(record) + start
-        arrays = self.arrays[part]
-        located = []
-        for number, _outputs in selection.groups:
-            array = arrays[number]
-            layout = array.layout
-            found = in_one_block(layout, first, frames)
-            if found is None:
-                return None  # crosses a block boundary: the program reads both parts
-            block, row = found
-            blockfile = mapped.mapping(array, block, (row + frames - 1) // layout.chunk_rows + 1)
-            if blockfile is None:
-                return None
-            located.append((blockfile, array, block, row))
-        result, groups = self._outputs(selection, frames)
-        for (blockfile, array, block, row), (_number, outputs) in zip(located, groups, strict=True):
-            mapped.copy_from(blockfile, array, block, row, frames, outputs)
+        copiers = self.copiers
+        groups = selection.groups
+        if len(groups) > 1:  # every group's block must be there before any is counted
+            arrays = self.arrays[part]
+            for number, _outputs in groups:
+                array = arrays[number]
+                found = in_one_block(array.layout, first, frames)
+                if found is None or copiers[number] is None:
+                    return None  # crosses a block boundary: the program reads both parts
+                block, row = found
+                end_chunk = (row + frames - 1) // array.chunk_rows + 1
+                if mapped.mapping(array, block, end_chunk) is None:
+                    return None
+        result, outputs = self._outputs(selection, frames)
+        for number, group_outputs in outputs:
+            copy = copiers[number]
+            if copy is None or not copy(part, first, frames, group_outputs):
+                return None  # only the first group can get here: nothing was counted
         return result
