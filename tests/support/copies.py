@@ -1,8 +1,9 @@
 """The ``copies`` fixture: run a mapped-read test with each row copier.
 
 Reads copy rows with ``rangestream.layout.copy.copy_rows`` and ``copy_piece``: the compiled
-helper when it is built, numpy otherwise; both must give the same arrays and counts. Executors take the copier
-when they are made, so the fixture sets it before the test opens anything. A missing
+helper when it is built, numpy otherwise; both must give the same arrays and counts.
+Executors take the copier when they are made, so the fixture sets it before the test opens
+anything. A missing
 compiled helper fails the "compiled" case rather than skipping it, so a CI run cannot pass
 green without it.
 """
