@@ -306,7 +306,7 @@ def test_two_writers_of_the_same_shard_make_the_commit_fail(tmp_path: Path) -> N
         ({"tokens": np.arange(3, dtype="<i4")}, "fields"),
         ({"tokens": np.zeros((2, 2), "<i4"), "loss_mask": np.zeros((2, 2), "u1")}, "1-D"),
         ({"tokens": np.arange(3, dtype="<i4"), "loss_mask": np.ones(2, "u1")}, "elements"),
-        ({"tokens": np.arange(3.5, dtype="<f8"), "loss_mask": np.ones(4, "u1")}, "dtype"),
+        ({"tokens": np.arange(0.5, 4, dtype="<f8"), "loss_mask": np.ones(4, "u1")}, "fit"),
         ([1, 2, 3], "mapping"),
     ],
 )
