@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from rangestream.errors import StorageError, UnsafeKeyError
+from rangestream.io.log_redaction import hide_session_tokens
 from rangestream.io.loop import current_pid
 from rangestream.io.s3_reads import S3ReadClient, S3ReadConfig, lean_read_config, lean_reads_enabled
 
@@ -387,6 +388,7 @@ class FsspecStore(ObjectStore):
         key = _options_key(self.protocol, options)
         fs = by_options.get(key)
         if fs is None:
+            hide_session_tokens(options)  # botocore logs signed headers at DEBUG
             fs = fsspec.filesystem(
                 self.protocol, asynchronous=True, skip_instance_cache=True, **options
             )
