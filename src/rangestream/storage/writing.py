@@ -35,6 +35,7 @@ from rangestream.io.loop import io_loop, run_sync
 from rangestream.io.store import LocalStore, ObjectStore
 from rangestream.layout.block import ArrayLayout, encode_block
 from rangestream.layout.manifest import (
+    MAX_ROOT_BYTES,
     ROOT_KEY,
     Manifest,
     data_prefix,
@@ -189,7 +190,8 @@ class WriteSession:
             owners: dict[int, str] = {}
             shard_lengths: dict[int, dict[str, int]] = {}
             for key in part_keys:
-                part, schema = _parse_part(await store.get(key), store.describe(key))
+                raw = await store.get_range(key, 0, MAX_ROOT_BYTES + 1)
+                part, schema = _parse_part(raw, store.describe(key))
                 if schema is not None:
                     storage = storage._bind_schema(schema, store.describe(key))
                 for shard, lengths in part.items():
@@ -231,15 +233,25 @@ class WriteSession:
 
 
 async def read_committed(store: ObjectStore) -> tuple[bool, Manifest | None]:
-    """Whether a root document exists, and its manifest if it is a readable one."""
+    """Whether a root document exists, and its manifest if it is a readable one.
+
+    Reads at most ``MAX_ROOT_BYTES + 1`` bytes, as readers do: a root beyond the cap is
+    unreadable metadata, not a reason to hold gigabytes.
+    """
     try:
-        raw = await store.get(ROOT_KEY)
+        raw = await store.get_range(ROOT_KEY, 0, MAX_ROOT_BYTES + 1)
     except FileNotFoundError:
         return False, None
     try:
-        return True, parse_root(raw, store.describe(ROOT_KEY))
+        return True, _parse_bounded_root(raw, store.describe(ROOT_KEY))
     except MetadataError:
         return True, None
+
+
+def _parse_bounded_root(raw: bytes, where: str) -> Manifest:
+    if len(raw) > MAX_ROOT_BYTES:
+        raise MetadataError(f"{where} is larger than the {MAX_ROOT_BYTES}-byte metadata cap")
+    return parse_root(raw, where)
 
 
 async def _write_index_arrays(store: ObjectStore, prefix: str, manifest: Manifest) -> None:
@@ -261,6 +273,8 @@ async def _write_index_arrays(store: ObjectStore, prefix: str, manifest: Manifes
 def _parse_part(raw: bytes, where: str) -> tuple[dict[int, dict[str, int]], dict[str, Any] | None]:
     """A part's shard lengths, and the schema its writer bound (``Storage._bind_record``)."""
     try:
+        if len(raw) > MAX_ROOT_BYTES:
+            raise ValueError(f"larger than the {MAX_ROOT_BYTES}-byte metadata cap")
         document = json.loads(raw)
         shards = document["shards"]
         schema = document.get("schema")
@@ -270,7 +284,7 @@ def _parse_part(raw: bytes, where: str) -> tuple[dict[int, dict[str, int]], dict
             int(shard): {str(name): int(length) for name, length in lengths.items()}
             for shard, lengths in shards.items()
         }, schema
-    except (ValueError, KeyError, TypeError, AttributeError) as error:
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as error:
         raise CommitError(f"part manifest {where} is unreadable: {error}") from error
 
 
