@@ -41,6 +41,11 @@ class CommitError(RangestreamError, RuntimeError):
     """A commit could not be completed (conflicting parts, missing parts)."""
 
 
+class CommitConflictError(CommitError):
+    """Another write committed the dataset while this commit ran; this version is not the
+    committed one. Its objects stay under ``data/<commit>/`` until ``rangestream gc``."""
+
+
 class CorruptDataError(RangestreamError, ValueError):
     """Stored bytes or metadata are damaged or inconsistent."""
 
@@ -71,6 +76,14 @@ class UnsafeKeyError(MetadataError):
 
 class StorageError(RangestreamError, OSError):
     """An object store request failed."""
+
+
+class AccessDeniedError(StorageError, PermissionError):
+    """The store refused the request: HTTP 403, or file permissions."""
+
+
+class ConcurrentWriteError(StorageError):
+    """A conditional write was refused: the object is no longer the version it was read as."""
 
 
 class RetriesExhaustedError(StorageError):

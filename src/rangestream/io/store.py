@@ -17,12 +17,15 @@ import weakref
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rangestream.errors import StorageError, UnsafeKeyError
 from rangestream.io.log_redaction import hide_session_tokens
 from rangestream.io.loop import current_pid
 from rangestream.io.s3_reads import S3ReadClient, S3ReadConfig, lean_read_config, lean_reads_enabled
+
+if TYPE_CHECKING:
+    from rangestream.io.object_info import ObjectInfo
 
 _LOCAL_PROTOCOLS = {"file", "local"}
 #: Local reads larger than this are first clamped to the file's size (one ``fstat``).
@@ -127,6 +130,50 @@ class ObjectStore(ABC):
 
     def get_suffix_sync(self, key: str, nbytes: int) -> bytes:
         raise TypeError(f"{type(self).__name__} has no synchronous reads")
+
+    # -- listings with sizes, object versions, conditional writes (gc, verify, commit) --
+    async def list_details(self, prefix: str) -> list[ObjectInfo]:
+        """Objects under ``prefix`` (recursively) with their sizes and, if known, ages."""
+        from rangestream.io.object_info import ObjectInfo
+
+        return [ObjectInfo(key, await self.size(key), None) for key in await self.list(prefix)]
+
+    async def list_prefixes(self, prefix: str) -> list[str]:
+        """The prefixes one level below ``prefix`` that hold objects (its "directories")."""
+        base = f"{prefix.rstrip('/')}/" if prefix else ""
+        rests = [key[len(base) :] for key in await self.list(prefix)]
+        return sorted({base + rest.split("/", 1)[0] for rest in rests if "/" in rest})
+
+    async def get_versioned(self, key: str, max_nbytes: int) -> tuple[bytes, str]:
+        """At most ``max_nbytes`` bytes of ``key``, and a token naming this version of it.
+
+        ``FileNotFoundError`` if there is no such object. Here versions are named by
+        content (``object_info.content_version``); S3 names them by ETag.
+        """
+        from rangestream.io.object_info import content_version
+
+        data = await self.get_range(key, 0, max_nbytes)
+        size = len(data) if len(data) < max_nbytes else await self.size(key)
+        return data, content_version(data, size)
+
+    async def put_if_version(
+        self, key: str, data: bytes, version: str | None, max_nbytes: int
+    ) -> None:
+        """Write ``key`` only if it is still ``version`` (``None``: only if it is absent).
+
+        Raises ``ConcurrentWriteError`` otherwise. This fallback checks, then writes: a
+        write by someone else between the two goes unseen here, so callers read back
+        afterwards. Stores with an atomic conditional write (S3, local files) override it.
+        """
+        from rangestream.errors import ConcurrentWriteError
+
+        try:
+            _, current = await self.get_versioned(key, max_nbytes)
+        except FileNotFoundError:
+            current = None
+        if current != version:
+            raise ConcurrentWriteError(f"{self.describe(key)} changed since it was read")
+        await self.put(key, data)
 
 
 #: Local async reads up to this size run inline: a pread from the page cache takes a few
@@ -264,6 +311,77 @@ class LocalStore(ObjectStore):
         self.close_files()
         path = self._path(prefix)
         await asyncio.to_thread(shutil.rmtree, path, True)
+
+    # -- listings with sizes, object versions, conditional writes (gc, verify, commit) --
+    async def list_details(self, prefix: str) -> list[ObjectInfo]:
+        import stat
+
+        from rangestream.io.object_info import ObjectInfo
+
+        def scan() -> list[ObjectInfo]:
+            base, found = self._path(prefix), []
+            for path in base.rglob("*") if base.is_dir() else ():
+                with contextlib.suppress(FileNotFoundError):  # deleted while listed
+                    status = path.lstat()
+                    if stat.S_ISREG(status.st_mode):
+                        key = str(path.relative_to(self.root)).replace(os.sep, "/")
+                        found.append(ObjectInfo(key, status.st_size, status.st_mtime))
+            return sorted(found, key=lambda info: info.key)
+
+        return await asyncio.to_thread(scan)
+
+    async def list_prefixes(self, prefix: str) -> list[str]:
+        base = self._path(prefix)
+        if not base.is_dir():
+            return []
+        start = f"{prefix.rstrip('/')}/" if prefix else ""
+        return sorted(start + e.name for e in os.scandir(base) if e.is_dir(follow_symlinks=False))
+
+    def _get_versioned_sync(self, key: str, max_nbytes: int) -> tuple[bytes, str]:
+        import stat
+
+        from rangestream.io.object_info import content_version
+
+        fd = os.open(self._path(key), os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not block
+        try:
+            status = os.fstat(fd)
+            if not stat.S_ISREG(status.st_mode):
+                raise StorageError(f"{self.describe(key)} is not a regular file")
+            data = os.pread(fd, min(max_nbytes, status.st_size), 0)
+        finally:
+            os.close(fd)
+        return data, content_version(data, status.st_size)
+
+    async def get_versioned(self, key: str, max_nbytes: int) -> tuple[bytes, str]:
+        return await asyncio.to_thread(self._get_versioned_sync, key, max_nbytes)
+
+    def _put_if_version_sync(
+        self, key: str, data: bytes, version: str | None, max_nbytes: int
+    ) -> None:
+        import fcntl
+
+        from rangestream.errors import ConcurrentWriteError
+
+        # Conditional writes of one dataset take an exclusive lock on its directory (flock:
+        # held per open file, across processes), so check and rename are one step to them.
+        self.root.mkdir(parents=True, exist_ok=True)
+        lock = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                current: str | None = self._get_versioned_sync(key, max_nbytes)[1]
+            except FileNotFoundError:
+                current = None
+            if current != version:
+                raise ConcurrentWriteError(f"{self.describe(key)} changed since it was read")
+            self.put_sync(key, data)
+        finally:
+            os.close(lock)  # releases the lock
+
+    async def put_if_version(
+        self, key: str, data: bytes, version: str | None, max_nbytes: int
+    ) -> None:
+        await asyncio.to_thread(self._put_if_version_sync, key, data, version, max_nbytes)
 
 
 #: Async filesystems and S3 read clients shared by every store of this process on a loop,
@@ -543,6 +661,94 @@ class FsspecStore(ObjectStore):
             loop = asyncio.get_running_loop()
             self._instances.pop(loop, None)
             self._read_clients.pop(loop, None)
+
+    # -- listings with sizes, object versions, conditional writes (gc, verify, commit) --
+    async def list_details(self, prefix: str) -> list[ObjectInfo]:
+        from rangestream.io.object_info import ObjectInfo
+
+        try:
+            found = await self._call("find", self._path(prefix).rstrip("/"), detail=True)
+        except FileNotFoundError:
+            return []
+        root, infos = self.root_path + "/", []
+        for path, info in found.items():
+            path = path.split("://", 1)[-1]
+            if path.startswith("/") and not root.startswith("/"):
+                path = path.lstrip("/")
+            if not path.startswith(root) or info.get("type", "file") != "file":
+                continue
+            stamp = info.get("LastModified") or info.get("mtime") or info.get("created")
+            modified = stamp.timestamp() if hasattr(stamp, "timestamp") else stamp
+            infos.append(ObjectInfo(path[len(root) :], int(info.get("size") or 0), modified))
+        return sorted(infos, key=lambda info: info.key)
+
+    async def list_prefixes(self, prefix: str) -> list[str]:
+        try:
+            entries = await self._call("ls", self._path(prefix).rstrip("/"), detail=True)
+        except FileNotFoundError:
+            return []
+        start = f"{prefix.rstrip('/')}/" if prefix else ""
+        names = [e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries
+                 if e.get("type") == "directory"]  # fmt: skip
+        return sorted(start + name for name in names)
+
+    @staticmethod
+    def _s3_error(error: BaseException) -> tuple[str | None, int | None]:
+        """The S3 error code and HTTP status behind an s3fs exception, if any."""
+        current: BaseException | None = error
+        for _ in range(8):
+            response = getattr(current, "response", None)
+            if isinstance(response, dict):
+                status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+                return (response.get("Error") or {}).get("Code"), status
+            if current is None:
+                break
+            current = current.__cause__ or current.__context__
+        return None, None
+
+    async def get_versioned(self, key: str, max_nbytes: int) -> tuple[bytes, str]:
+        if self.protocol not in {"s3", "s3a"}:
+            return await super().get_versioned(key, max_nbytes)
+        fs, (bucket, object_key) = await self._fs(), self._bucket_key(key)
+        try:  # one bounded GET: the ETag of a range names the whole object's version
+            response = await fs._call_s3(
+                "get_object", Bucket=bucket, Key=object_key, Range=f"bytes=0-{max_nbytes - 1}"
+            )
+        except OSError as error:
+            if self._s3_error(error)[1] != 416:
+                raise
+            response = await fs._call_s3("get_object", Bucket=bucket, Key=object_key)  # empty
+        body = response["Body"]
+        try:
+            data = await body.read()
+        finally:
+            body.close()
+        return bytes(data), str(response["ETag"])
+
+    async def put_if_version(
+        self, key: str, data: bytes, version: str | None, max_nbytes: int
+    ) -> None:
+        if self.protocol not in {"s3", "s3a"}:
+            return await super().put_if_version(key, data, version, max_nbytes)
+        from rangestream.errors import ConcurrentWriteError
+
+        condition = {"IfNoneMatch": "*"} if version is None else {"IfMatch": version}
+        fs, (bucket, object_key) = await self._fs(), self._bucket_key(key)
+        try:
+            await fs._call_s3(
+                "put_object", Bucket=bucket, Key=object_key, Body=bytes(data), **condition
+            )
+        except OSError as error:
+            code, status = self._s3_error(error)
+            if status in (409, 412) or code in {"PreconditionFailed", "ConditionalRequestConflict"}:
+                raise ConcurrentWriteError(
+                    f"{self.describe(key)} changed since it was read"
+                ) from error
+            if version is not None and isinstance(error, FileNotFoundError):
+                raise ConcurrentWriteError(f"{self.describe(key)} was deleted") from error
+            if status != 501 and code != "NotImplemented":
+                raise
+            await super().put_if_version(key, data, version, max_nbytes)  # no conditions here
 
 
 async def _close_with_loop(by_options: dict[str, Any]) -> None:
