@@ -21,6 +21,7 @@ from rangestream.errors import (
     StorageError,
 )
 from rangestream.storage import writing
+from rangestream.storage.gc import collect_garbage
 from rangestream.testing import FaultConfig, FaultKind, LatencyProxy, S3Endpoint
 
 TOKENS = np.dtype([("t", "<i4")])
@@ -139,6 +140,11 @@ def test_concurrent_commits_either_chain_up_or_learn_they_lost(location: Locatio
     assert all("rangestream gc" in message for *_, message in conflicts)
     (winner,) = [(r, w) for r, w, commit, *_ in outcomes if commit == final]
     assert values.tolist() == [100 * winner[0] + winner[1]] * 8
+    # the lost versions are exactly what gc collects (older successes were deleted by the
+    # commits two after them)
+    report = collect_garbage(location.url, location.storage_options, grace=0)
+    lost = {f"data/{commit}" for _r, _w, commit, kind, _m in outcomes if kind == "conflict"}
+    assert {orphan.prefix for orphan in report.orphans} == lost
 
 
 # -- every error a user can cause on the write path is a library error ------------------------
@@ -223,6 +229,9 @@ def test_a_write_whose_clean_up_fails_raises_its_own_failure_with_the_clean_up_a
     failure = caught.value
     assert isinstance(failure.__context__, AccessDeniedError)
     assert any("rangestream gc" in note for note in getattr(failure, "__notes__", []))
+    denying_proxy.clear_faults()
+    (leftover,) = collect_garbage(s3_url.url, s3_url.storage_options, grace=0).orphans
+    assert leftover.objects >= 8 and leftover.prefix in failure.__notes__[-1]
 
 
 def test_a_commit_whose_clean_up_fails_raises_the_commit_failure(
