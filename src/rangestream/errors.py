@@ -98,6 +98,10 @@ class OutOfRangeError(RangestreamError, IndexError):
     """An index, position or counter lies outside the range its object defines."""
 
 
+class CommandLineError(RangestreamError, ValueError):
+    """Arguments of the ``rangestream`` command contradict each other or are malformed."""
+
+
 class LoaderConfigError(RangestreamError, ValueError):
     """Loader arguments contradict each other or do not fit the storage kind."""
 

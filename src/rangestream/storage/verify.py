@@ -58,6 +58,7 @@ from rangestream.layout.manifest import (
 )
 from rangestream.layout.rows import BlockIndexCache, RowRange, read_rows
 from rangestream.storage.gc import Orphan, find_orphans
+from rangestream.storage.writing import library_errors
 
 __all__ = ["Problem", "VerifyReport", "averify_dataset", "verify_dataset"]
 
@@ -257,9 +258,10 @@ async def averify_dataset(
     reader = RangeReader(store, max_concurrency=max_concurrency, retry=retry)
     report = VerifyReport(url=str(url))
     try:
-        manifest = await _read_manifest(reader, report)
-        if manifest is not None:
-            await _scan(reader, manifest, report, progress, on_total, max_concurrency)
+        with library_errors(f"scanning {url}"):  # listings: reads convert their own
+            manifest = await _read_manifest(reader, report)
+            if manifest is not None:
+                await _scan(reader, manifest, report, progress, on_total, max_concurrency)
     finally:
         if isinstance(store, LocalStore):
             store.close_files()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import datetime
 import json
 import os
 import random
@@ -233,7 +234,8 @@ class WriteSession:
                 name: np.asarray([shard_lengths[int(s)][name] for s in ids], dtype=np.int64)
                 for name in layouts
             }
-            extra: dict[str, Any] = {}
+            # when, for people (inspect); readers order versions by the chain, not by time
+            extra: dict[str, Any] = {"committed_at": _utc_now()}
             if previous is not None:
                 extra["previous_commit_id"] = previous.commit_id
             manifest = Manifest(
@@ -311,6 +313,10 @@ async def read_committed(store: ObjectStore) -> tuple[bool, Manifest | None]:
         return True, _parse_bounded_root(raw, store.describe(ROOT_KEY))
     except MetadataError:
         return True, None
+
+
+def _utc_now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def unwrapped(store: ObjectStore) -> ObjectStore:
