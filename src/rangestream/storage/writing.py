@@ -48,6 +48,7 @@ from rangestream.io.loop import io_loop, run_sync
 from rangestream.io.retrying_store import RetryingStore, with_retries
 from rangestream.io.store import LocalStore, ObjectStore
 from rangestream.layout.block import ArrayLayout, encode_block
+from rangestream.layout.dtypes import little_endian
 from rangestream.layout.manifest import (
     MAX_ROOT_BYTES,
     ROOT_KEY,
@@ -106,6 +107,8 @@ class _ArrayWriter:
         self._blocks_written = 0
 
     def append(self, rows: np.ndarray) -> None:
+        if rows.dtype != self.layout.dtype and little_endian(rows.dtype) == self.layout.dtype:
+            rows = rows.astype(self.layout.dtype)  # stored little-endian, values equal
         data = np.ascontiguousarray(rows).view(np.uint8).reshape(-1)
         self._buffer += data.data
         self.length += data.size // self.layout.row_nbytes
