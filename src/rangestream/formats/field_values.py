@@ -24,11 +24,12 @@ _NUMERIC = "biuf"
 
 
 def fit_to_field(values: Any, dtype: np.dtype[Any], field: str) -> np.ndarray:
-    """``values`` (an array or a Python sequence) as an array ``dtype`` holds exactly.
+    """``values`` (an array or a Python sequence) as an array whose values ``dtype`` holds.
 
-    Returns the input array itself when its values need no conversion check (a safe
-    cast), otherwise a converted array. Raises ``InvalidRecordError`` naming ``field``, the
-    first value that does not fit and its position.
+    Returns an array of ``dtype`` or one that casts to it without loss (the caller's
+    assignment or ``astype`` converts; no copy is made here just to convert). Raises
+    ``InvalidRecordError`` naming ``field``, the first value that does not fit and its
+    position.
     """
     array = np.asarray(values)
     source = array.dtype
@@ -55,12 +56,12 @@ def fit_to_field(values: Any, dtype: np.dtype[Any], field: str) -> np.ndarray:
         elif int(array.min()) < info.min or int(array.max()) > info.max:
             misfit = (array < info.min) | (array > info.max)
             _refuse(array, misfit, field, f"does not fit {_describe(dtype)}")
-        return array.astype(dtype)
+        return array
     if dtype.kind == "b":
         misfit = (array != 0) & (array != 1)
         if misfit.any():
             _refuse(array, misfit, field, "is neither 0 nor 1 (a bool field)")
-        return array.astype(dtype)
+        return array
     with np.errstate(over="ignore", invalid="ignore"):
         converted = array.astype(dtype)
     overflow = np.isinf(converted) & np.isfinite(array)
