@@ -26,7 +26,7 @@ $(VENV)/.installed: pyproject.toml setup.py src/rangestream/layout/_chunked.c
 install: $(VENV)/.installed
 
 demo: $(VENV)/.installed
-	$(VENV)/bin/rangestream demo $(if $(URL),--url $(URL)) $(if $(ENDPOINT),--endpoint-url $(ENDPOINT)) $(DEMO_ARGS)
+	$(VENV)/bin/rangestream demo $(URL) $(if $(ENDPOINT),--endpoint-url $(ENDPOINT)) $(DEMO_ARGS)
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q $(PYTEST_ARGS)

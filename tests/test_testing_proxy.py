@@ -265,6 +265,19 @@ def test_internal_error_fault_returns_500_with_an_s3_error_body(
     assert proxy.stats().fault(FaultKind.INTERNAL_ERROR) == 1
 
 
+def test_access_denied_fault_returns_403_with_an_s3_error_body(
+    proxy: LatencyProxy, proxied_fs: s3fs.S3FileSystem, stored: StoredObject
+) -> None:
+    url = _presigned(proxied_fs, stored.path)
+    proxy.fail_next(FaultKind.ACCESS_DENIED)
+
+    failed = _get(url, byte_range=(0, 9))
+
+    assert failed.status == 403
+    assert b"<Error><Code>AccessDenied</Code>" in failed.body
+    assert proxy.stats().fault(FaultKind.ACCESS_DENIED) == 1
+
+
 def test_reset_fault_drops_the_connection_without_a_response(
     proxy: LatencyProxy, proxied_fs: s3fs.S3FileSystem, stored: StoredObject
 ) -> None:

@@ -41,6 +41,11 @@ class CommitError(RangestreamError, RuntimeError):
     """A commit could not be completed (conflicting parts, missing parts)."""
 
 
+class CommitConflictError(CommitError):
+    """Another write committed the dataset while this commit ran; this version is not the
+    committed one. Its objects stay under ``data/<commit>/`` until ``rangestream gc``."""
+
+
 class CorruptDataError(RangestreamError, ValueError):
     """Stored bytes or metadata are damaged or inconsistent."""
 
@@ -73,6 +78,14 @@ class StorageError(RangestreamError, OSError):
     """An object store request failed."""
 
 
+class AccessDeniedError(StorageError, PermissionError):
+    """The store refused the request: HTTP 403, or file permissions."""
+
+
+class ConcurrentWriteError(StorageError):
+    """A conditional write was refused: the object is no longer the version it was read as."""
+
+
 class RetriesExhaustedError(StorageError):
     """A transient error persisted through every retry; names the URL and byte range."""
 
@@ -83,6 +96,10 @@ class EndpointUnreachableError(StorageError):
 
 class OutOfRangeError(RangestreamError, IndexError):
     """An index, position or counter lies outside the range its object defines."""
+
+
+class CommandLineError(RangestreamError, ValueError):
+    """Arguments of the ``rangestream`` command contradict each other or are malformed."""
 
 
 class LoaderConfigError(RangestreamError, ValueError):

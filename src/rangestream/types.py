@@ -74,7 +74,12 @@ class StreamWithMetaStorageFormat(Protocol[InDataT, OutDataT, StreamDType]):
 
 @runtime_checkable
 class DocumentStorageFormat(Protocol[InDataT, OutDataT]):
-    """One variable-size encoded blob per document."""
+    """One variable-size encoded blob per document.
+
+    A format may name its encoding in a class attribute ``payload_encoding`` (a string,
+    ``"pickle"`` for ``DocumentPickleFormat``): the dataset's schema records it, and a
+    format that names another encoding is refused when it opens the dataset.
+    """
 
     def pack(self, data: InDataT) -> UserBufferTypes:
         """Encode one document."""

@@ -36,7 +36,7 @@ def check(result: subprocess.CompletedProcess[str]) -> None:
 
 
 def test_the_demo_writes_and_streams_a_local_dataset(tmp_path: Path) -> None:
-    check(run_demo(["--url", str(tmp_path / "tokens")]))
+    check(run_demo([str(tmp_path / "tokens")]))
 
 
 def test_the_demo_writes_and_streams_on_s3_with_credentials_from_the_environment(
@@ -46,4 +46,4 @@ def test_the_demo_writes_and_streams_on_s3_with_credentials_from_the_environment
         "AWS_ACCESS_KEY_ID": s3_server.access_key,
         "AWS_SECRET_ACCESS_KEY": s3_server.secret_key,
     }
-    check(run_demo(["--url", s3_url.url, "--endpoint-url", s3_server.endpoint_url], env))
+    check(run_demo([s3_url.url, "--endpoint-url", s3_server.endpoint_url], env))

@@ -135,6 +135,16 @@ def test_pad_collate_names_missing_fields() -> None:
         PadCollate({"text": Pad()})([{"tokens": np.arange(2)}])
 
 
+def test_a_single_pad_on_dict_samples_says_to_name_the_fields_to_pad() -> None:
+    samples = [{"tokens": np.arange(2), "label": 1}, {"tokens": np.arange(3), "label": 0}]
+    with pytest.raises(CollateError) as caught:
+        PadCollate(Pad())(samples)
+    message = str(caught.value)
+    assert "ndim" not in message
+    # the field whose length varies is the one to name
+    assert "['label', 'tokens']" in message and "PadCollate({'tokens': Pad()})" in message
+
+
 def test_workers_collate_large_batches_straight_into_shared_memory_and_small_ones_not() -> None:
     """Large batches go to the main process through shared memory, so they are stacked
     there; small ones go by value (``loader.transport``) and stay in ordinary memory."""

@@ -276,3 +276,48 @@ def test_a_process_that_leaves_an_iterator_with_reads_in_flight_exits() -> None:
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "left with reads in flight" in result.stdout
+
+
+# -- an epoch without a single batch is a configuration error, not a silent no-op ------------
+
+
+@pytest.mark.parametrize(
+    ("windows", "batch_size", "world_size"),
+    [(3, 4, 1), (7, 2, 4), (0, 1, 1)],
+)
+def test_an_epoch_with_no_batch_raises_saying_samples_batch_size_and_world_size(
+    windows: int, batch_size: int, world_size: int
+) -> None:
+    dataset = make_dataset(windows, batch_size=batch_size, world_size=world_size, drop_last=True)
+    with pytest.raises(LoaderConfigError) as caught:
+        list(dataset)
+    message = str(caught.value)
+    assert f"{windows} samples" in message
+    assert f"batch_size {batch_size}" in message and f"world_size {world_size}" in message
+
+
+def test_an_empty_dataset_raises_even_without_drop_last() -> None:
+    with pytest.raises(LoaderConfigError, match="0 samples"):
+        list(make_dataset(0, drop_last=False))
+
+
+def test_the_end_of_a_resumed_epoch_is_not_an_error() -> None:
+    dataset = make_dataset(8, batch_size=4, drop_last=True)
+    dataset.seek(0, 8)
+    assert list(dataset) == []
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_sequence_length_longer_than_the_data_stops_the_loader_with_the_numbers(
+    tmp_path: Path, num_workers: int
+) -> None:
+    from rangestream import StatefulDataLoader, StreamNumpyFormat, StreamStorage
+
+    storage = StreamStorage(str(tmp_path / "ds"), StreamNumpyFormat(np.dtype([("t", "<i4")])))
+    with storage.sync_writer() as writer:
+        writer.append(0, {"t": np.arange(100, dtype="<i4")})
+    loader = StatefulDataLoader.from_storage(
+        storage, sequence_length=512, batch_size=2, num_workers=num_workers
+    )
+    with pytest.raises(LoaderConfigError, match=r"0 samples.*batch_size 2.*world_size 1"):
+        list(loader)

@@ -22,7 +22,7 @@ from support.s3 import Location
 
 from rangestream import StreamStorage
 from rangestream.errors import DatasetNotFoundError, MissingObjectError
-from rangestream.io import FsspecStore, LocalStore
+from rangestream.io import FsspecStore, LocalStore, S3Store
 from rangestream.storage.verify import verify_dataset
 
 from .datasets import SMALL, token_ground_truth, tokens_storage, write_tokens
@@ -79,6 +79,7 @@ class PutHook:
 
     def install(self, monkeypatch: Any | None = None) -> None:
         local_put, s3_put = LocalStore.put_sync, FsspecStore.put
+        s3_conditional_put = S3Store.put_if_version  # the commit's root, on S3
         local_delete, s3_delete = LocalStore.delete_prefix, FsspecStore.delete_prefix
         hook = self
 
@@ -92,6 +93,11 @@ class PutHook:
             await s3_put(store, key, data)
             hook._step(key, "after")
 
+        async def put_if_version(store: S3Store, key: str, data: Any, *rest: Any) -> None:
+            hook._step(key, "before")
+            await s3_conditional_put(store, key, data, *rest)
+            hook._step(key, "after")
+
         def deleting(original: Any) -> Any:
             async def delete_prefix(store: Any, prefix: str) -> None:
                 if hook.kill is not None and hook.kill.phase == "delete_old":
@@ -103,6 +109,7 @@ class PutHook:
         replacements = {
             (LocalStore, "put_sync"): put_sync,
             (FsspecStore, "put"): put,
+            (S3Store, "put_if_version"): put_if_version,
             (LocalStore, "delete_prefix"): deleting(local_delete),
             (FsspecStore, "delete_prefix"): deleting(s3_delete),
         }

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,7 @@ from rangestream.cli.main import main
 from rangestream.layout.block import encode_block
 from rangestream.storage.verify import verify_dataset
 
-from .datasets import SMALL, RawObjects, write_documents, write_tokens
+from .datasets import SMALL, RawObjects, tokens_storage, write_documents, write_tokens
 
 STORED_CHUNK = 68  # SMALL layout, 4-byte rows: 16 rows * 4 bytes + crc32c
 
@@ -238,3 +240,127 @@ def test_record_rows_that_do_not_end_at_the_group_length_are_reported(
     code, out = verify(tracks.url, capsys)
     assert code == 1
     assert f"record_rows[:, 1] end at {rows[-1, 1]}, expected {rows[-1, 1] + 2}" in out
+
+
+# -- every bad chunk, bounded memory, hostile layouts, orphans ------------------------------
+
+
+def test_every_bad_inner_chunk_of_a_block_is_reported_in_runs(
+    tokens: RawObjects, capsys: pytest.CaptureFixture[str]
+) -> None:
+    key = tokens.block_key(1, "stream", 4)
+    for chunk in (2, 3, 7):
+        tokens.flip(key, chunk * STORED_CHUNK + 5)
+    code, out = verify(tokens.url, capsys)
+    assert code == 1 and "2 problem(s)" in out
+    where = tokens.describe(key)
+    assert f"{where} bytes [{2 * STORED_CHUNK}, {4 * STORED_CHUNK}): checksum mismatch in " \
+        "inner chunks 2..3" in out  # fmt: skip
+    assert f"{where} bytes [{7 * STORED_CHUNK}, {8 * STORED_CHUNK}): checksum mismatch in " \
+        "inner chunk 7" in out  # fmt: skip
+
+
+def test_the_manifest_read_is_bounded_by_the_metadata_cap(
+    tokens: RawObjects, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rangestream.storage import verify as verify_module
+
+    with open(Path(tokens.url) / "zarr.json", "r+b") as handle:
+        handle.truncate(64 << 20)  # sparse: costs no disk
+    cap = 1 << 20
+    monkeypatch.setattr(verify_module, "MAX_ROOT_BYTES", cap)
+    tracemalloc.start()
+    try:
+        report = verify_dataset(tokens.url)
+        _current, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 * cap, f"the root was read whole: {peak:,} bytes at the peak"
+    assert not report.ok and "metadata cap" in str(report.problems[0])
+
+
+def largest_layout(tokens: RawObjects) -> str:
+    """The dataset's record_ends relaid as the largest layout the parser accepts.
+
+    Inner chunks of 2**28 int64 rows (2 GiB), blocks of 2**40 rows (4096 chunks), not
+    dense, and one block object holding just a valid chunk index.
+    """
+    from rangestream.layout.block import CRC_NBYTES, crc32c
+
+    root = tokens.root()
+    attributes = root["attributes"]["rangestream"]
+    attributes["arrays"]["record_ends"].update(
+        {"chunk_rows": 1 << 28, "block_rows": 1 << 40, "dense_chunks": False}
+    )
+    attributes["shards"]["lengths"]["record_ends"] = [1 << 40] * 3
+    tokens.put_root(root)
+    index = np.full((4096, 2), 2**64 - 1, dtype="<u8")
+    index[:3] = [[0, (1 << 31) + CRC_NBYTES]] * 3  # chunks that cannot fit in the object
+    body = index.tobytes()
+    key = tokens.block_key(0, "record_ends", 0)
+    tokens.put(key, body + crc32c(body).to_bytes(CRC_NBYTES, "little"))
+    return key
+
+
+def test_the_largest_layout_the_parser_accepts_ends_in_a_report_with_bounded_work(
+    tokens: RawObjects, capsys: pytest.CaptureFixture[str]
+) -> None:
+    key = largest_layout(tokens)
+    tracemalloc.start()
+    try:
+        started = time.monotonic()
+        report = verify_dataset(tokens.url)
+        seconds = time.monotonic() - started
+        _current, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 << 20 and seconds < 60
+    text = "\n".join(report.lines())
+    assert f"{tokens.describe(key)}: chunk index entry 0..2 is (offset 0, {(1 << 31) + 4}" in text
+    assert f"{tokens.describe(key)}: inner chunks 3..4095 missing from the chunk index" in text
+    assert main(["verify", tokens.url]) == 1  # a report, not a traceback
+    assert "DAMAGED" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("chunk_bytes", [256, 4096], ids=["chunks-in-pieces", "chunk-by-pieces"])
+def test_blocks_larger_than_a_piece_are_checked_piece_by_piece(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    chunk_bytes: int,
+) -> None:
+    from rangestream.storage import verify as verify_module
+
+    layout = {"chunk_bytes": chunk_bytes, "block_bytes": 64 << 10}
+    write_tokens(str(tmp_path / "ds"), seed=4, tokens_per_shard=40_000, **layout)
+    raw = RawObjects(str(tmp_path / "ds"))
+    monkeypatch.setattr(verify_module, "PIECE_BYTES", 1024)
+    code, out = verify(raw.url, capsys)
+    assert code == 0, out
+    stored = chunk_bytes + 4
+    key = raw.block_key(1, "stream", 2)
+    raw.flip(key, 3 * stored + 1)
+    ends_layout = raw.layout("record_ends")
+    ends_key = raw.block_key(0, "record_ends", 0)
+    length = raw.attributes()["shards"]["lengths"]["record_ends"][0]
+    ends = np.frombuffer(raw.get(ends_key), dtype="<i8")[:length].copy()
+    ends[5], ends[6] = ends[6], ends[5]  # a decrease, checksums valid
+    raw.put(ends_key, encode_block(ends_layout, ends.view(np.uint8)))
+    code, out = verify(raw.url, capsys)
+    assert code == 1 and "2 problem(s)" in out
+    assert f"{raw.describe(key)} bytes [{3 * stored}, {4 * stored}): checksum mismatch" in out
+    assert "record_ends decrease at row 6" in out
+
+
+def test_orphaned_versions_are_reported_with_their_size_without_failing_the_check(
+    tokens: RawObjects, capsys: pytest.CaptureFixture[str]
+) -> None:
+    session = tokens_storage(tokens.url).parallel_write(overwrite=True)
+    with session.sync_writer() as writer:  # written, never committed
+        writer.append(0, {"tokens": np.arange(5000, dtype="<i4")})
+    files = (Path(tokens.url) / session.prefix).rglob("*")
+    size = sum(path.stat().st_size for path in files if path.is_file())
+    code, out = verify(tokens.url, capsys)
+    assert code == 0, out
+    assert f"orphans   1 version(s) not part of the dataset, {size:,} bytes" in out
+    assert f"{session.prefix}: {size:,} bytes" in out

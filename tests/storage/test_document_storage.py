@@ -138,3 +138,57 @@ def test_the_pickle_format_is_marked_trusted_only() -> None:
     doc = DocumentPickleFormat.__doc__ or ""
     assert "trusted" in doc
     assert DocumentPickleFormat().unpack(pickle.dumps({"a": np.int64(3)}), 0) == {"a": 3}
+
+
+# -- the schema says how payloads are encoded, so a reader without the format can tell -------
+
+
+def stored_schema(path: Path) -> dict[str, Any]:
+    import json
+
+    root = json.loads((path / "zarr.json").read_bytes())
+    return dict(root["attributes"]["rangestream"]["schema"])
+
+
+class Utf8Format:
+    """A custom format that names its encoding."""
+
+    payload_encoding = "utf-8"
+
+    def pack(self, data: str) -> bytes:
+        return data.encode()
+
+    def unpack(self, encoded_data: Any, shard: int) -> str:
+        return bytes(encoded_data).decode()
+
+
+class UnnamedFormat(Utf8Format):
+    payload_encoding = None  # type: ignore[assignment]
+
+
+@pytest.mark.parametrize(
+    ("storage_format", "encoding"),
+    [
+        (DocumentPickleFormat(), "pickle"),
+        (Utf8Format(), "utf-8"),
+        (UnnamedFormat(), f"python:{__name__}.UnnamedFormat"),
+    ],
+)
+def test_the_schema_records_the_payload_encoding(
+    tmp_path: Path, storage_format: Any, encoding: str
+) -> None:
+    storage = DocumentStorage(tmp_path / "ds", storage_format)
+    with storage.sync_writer() as writer:
+        writer.append(0, "some text")
+    assert stored_schema(tmp_path / "ds") == {"payload_encoding": encoding}
+
+
+def test_a_format_naming_another_encoding_is_refused_on_open(tmp_path: Path) -> None:
+    from rangestream.errors import SchemaMismatchError
+
+    with DocumentStorage(tmp_path / "ds", DocumentPickleFormat()).sync_writer() as writer:
+        writer.append(0, "some text")
+    with pytest.raises(SchemaMismatchError, match=r"'pickle'.*'utf-8'"):
+        DocumentStorage(tmp_path / "ds", Utf8Format()).sync_reader().__enter__()
+    with DocumentStorage(tmp_path / "ds", UnnamedFormat()).sync_reader() as reader:
+        assert len(reader) == 1  # a format that names no encoding is not checked

@@ -306,7 +306,7 @@ def test_two_writers_of_the_same_shard_make_the_commit_fail(tmp_path: Path) -> N
         ({"tokens": np.arange(3, dtype="<i4")}, "fields"),
         ({"tokens": np.zeros((2, 2), "<i4"), "loss_mask": np.zeros((2, 2), "u1")}, "1-D"),
         ({"tokens": np.arange(3, dtype="<i4"), "loss_mask": np.ones(2, "u1")}, "elements"),
-        ({"tokens": np.arange(3.5, dtype="<f8"), "loss_mask": np.ones(4, "u1")}, "dtype"),
+        ({"tokens": np.arange(0.5, 4, dtype="<f8"), "loss_mask": np.ones(4, "u1")}, "fit"),
         ([1, 2, 3], "mapping"),
     ],
 )
@@ -383,3 +383,63 @@ def test_every_url_form_reads_back_what_was_written(tmp_path: Path, form: str) -
         np.testing.assert_array_equal(
             reader.read(0, 80)["tokens"], np.r_[np.arange(50, 80), np.arange(50)]
         )
+
+
+# -- every stored field is little-endian, whatever the format's byte order -------------------
+
+BIG = np.dtype([("tokens", ">i4"), ("weight", ">f8")])
+LITTLE = np.dtype([("tokens", "<i4"), ("weight", "<f8")])
+
+
+def test_a_big_endian_format_is_stored_little_endian_and_reads_back_equal(tmp_path: Path) -> None:
+    import json
+
+    tokens = np.arange(-300, 700, dtype=">i4")
+    weights = np.linspace(0, 1, 1000).astype(">f8")
+    storage = StreamStorage(tmp_path / "ds", StreamNumpyFormat(BIG), **SMALL)
+    with storage.sync_writer() as writer:
+        writer.append(0, {"tokens": tokens, "weight": weights})
+    root = json.loads((tmp_path / "ds" / "zarr.json").read_bytes())["attributes"]["rangestream"]
+    assert root["schema"]["stream_dtype"] == [["tokens", "<i4"], ["weight", "<f8"]]
+    assert root["arrays"]["stream"]["dtype"] == [["tokens", "<i4"], ["weight", "<f8"]]
+    array = tmp_path / "ds" / root["data_prefix"] / "shards" / "0" / "stream"
+    assert json.loads((array / "zarr.json").read_bytes())["attributes"][
+        "rangestream_row_dtype"
+    ] == [["tokens", "<i4"], ["weight", "<f8"]]
+    stored = zarr.open_array(array, mode="r")[:].view(LITTLE).reshape(-1)  # raw little bytes
+    np.testing.assert_array_equal(stored["tokens"], tokens)
+    np.testing.assert_array_equal(stored["weight"], weights)
+    reopened = StreamStorage(tmp_path / "ds", StreamNumpyFormat(BIG))  # the equality check
+    with reopened.sync_reader() as reader:
+        window = reader.read(100, 500)
+    assert window["tokens"].dtype == np.dtype("<i4")  # reads return the stored byte order
+    np.testing.assert_array_equal(window["tokens"], tokens[100:600])
+    np.testing.assert_array_equal(window["weight"], weights[100:600])
+
+
+class BigEndianIds:
+    """A custom format whose stream dtype is a plain big-endian int32."""
+
+    stream_dtype = np.dtype(">i4")
+
+    def pack(self, data: Any) -> np.ndarray:
+        return np.asarray(data, dtype=">i4")
+
+    def unpack(self, stream: np.ndarray, shard_lengths: Any, shards: Any) -> np.ndarray:
+        return stream
+
+
+def test_a_plain_big_endian_stream_is_a_little_endian_zarr_int32(tmp_path: Path) -> None:
+    import json
+
+    storage = StreamStorage(tmp_path / "ds", BigEndianIds(), **SMALL)
+    with storage.sync_writer() as writer:
+        writer.append(0, np.arange(1000) * 70_000)
+    root = json.loads((tmp_path / "ds" / "zarr.json").read_bytes())["attributes"]["rangestream"]
+    array = tmp_path / "ds" / root["data_prefix"] / "shards" / "0" / "stream"
+    document = json.loads((array / "zarr.json").read_bytes())
+    inner = document["codecs"][0]["configuration"]["codecs"][0]
+    assert document["data_type"] == "int32" and inner["configuration"] == {"endian": "little"}
+    np.testing.assert_array_equal(zarr.open_array(array, mode="r")[:], np.arange(1000) * 70_000)
+    with StreamStorage(tmp_path / "ds", BigEndianIds()).sync_reader() as reader:
+        np.testing.assert_array_equal(reader.read(990, 10), np.arange(990, 1000) * 70_000)

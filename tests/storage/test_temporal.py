@@ -670,7 +670,7 @@ BAD_RECORDS = {
     "frame-counts": (_bad(valid=np.ones(9, bool)), "same number of frames.*valid: 9"),
     "object": (_bad(clock=np.array([object()] * 10)), "'clock' has dtype object"),
     "string": (_bad(clock=np.array(["a"] * 10)), "'clock' has dtype <U1"),
-    "not-an-array": (_bad(clock=[0.0] * 10), "'clock' must be a numpy array"),
+    "not-an-array": (_bad(clock=range(10)), "'clock' must be a numpy array"),
     "scalar": (_bad(clock=np.array(1.0)), "'clock' is a scalar"),
 }
 

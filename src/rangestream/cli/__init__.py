@@ -1,1 +1,1 @@
-"""The ``rangestream`` command line: demo, inspect (and more as storages grow)."""
+"""The ``rangestream`` command line: demo, inspect, verify and gc."""

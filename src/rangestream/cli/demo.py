@@ -14,7 +14,12 @@ from typing import Any
 
 import numpy as np
 
-from rangestream.cli.options import add_location_arguments, storage_options
+from rangestream.cli.options import (
+    add_location_arguments,
+    dataset_url,
+    retry_policy,
+    storage_options,
+)
 
 DEMO_DTYPE = np.dtype([("tokens", "<i4"), ("loss_mask", "u1")])
 
@@ -88,13 +93,15 @@ def run(arguments: argparse.Namespace) -> int:
     from rangestream import StreamNumpyFormat, StreamStorage
     from rangestream.loader import StatefulDataLoader
 
-    options = storage_options(arguments)
-    _make_bucket(arguments.url, options)
-    storage = StreamStorage(arguments.url, StreamNumpyFormat(DEMO_DTYPE), storage_options=options)
+    url, options = dataset_url(arguments), storage_options(arguments)
+    _make_bucket(url, options)
+    storage = StreamStorage(
+        url, StreamNumpyFormat(DEMO_DTYPE), storage_options=options, retry=retry_policy(arguments)
+    )
     started = time.perf_counter()
     total = write_dataset(storage, arguments.tokens, arguments.shards, arguments.seed)
     write_seconds = time.perf_counter() - started
-    print(f"wrote {total:,} tokens in {arguments.shards} shards to {arguments.url} "
+    print(f"wrote {total:,} tokens in {arguments.shards} shards to {url} "
           f"in {write_seconds:.1f} s")  # fmt: skip
 
     loader = StatefulDataLoader.from_storage(

@@ -1,31 +1,60 @@
-"""Entry point of the ``rangestream`` command: one subcommand per module of this package."""
+"""Entry point of the ``rangestream`` command: one subcommand per module of this package.
+
+Every subcommand takes the dataset URL as its positional argument and the options of
+``cli/options.py``. Every failure ends the same way: one line on stderr naming the
+command and what failed, exit status 2 (``verify`` uses 1 for damage it found), never a
+traceback. Library errors say what is wrong in their message; anything else (an error of
+a client library the library did not foresee) is shown as its type and message.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
 from rangestream.errors import RangestreamError
 
+#: Exit status of a command that failed (argparse uses 2 for usage errors too).
+EXIT_FAILED = 2
+#: Set to print the traceback of an unexpected error as well (for bug reports).
+DEBUG_ENVIRONMENT = "RANGESTREAM_DEBUG"
+
+
+def _version() -> str:
+    from rangestream import __version__
+
+    return __version__
+
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from rangestream.cli import demo, inspect, verify
+    from rangestream.cli import demo, gc, inspect, verify
 
     parser = argparse.ArgumentParser(
         prog="rangestream", description="Stream training data out of object storage."
     )
+    parser.add_argument("--version", action="version", version=f"rangestream {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
-    for module in (demo, inspect, verify):
+    for module in (demo, inspect, verify, gc):
         module.register(commands)
     arguments = parser.parse_args(argv)
     try:
         return int(arguments.run(arguments) or 0)
-    except RangestreamError as error:
-        print(f"rangestream {arguments.command}: {error}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         return 130
+    except RangestreamError as error:
+        _fail(arguments.command, str(error))
+    except Exception as error:  # a client library's own error: still one line
+        if os.environ.get(DEBUG_ENVIRONMENT):
+            raise
+        _fail(arguments.command, f"{type(error).__name__}: {error}")
+    return EXIT_FAILED
+
+
+def _fail(command: str, message: str) -> None:
+    line = " ".join(message.split())  # one line, whatever the message holds
+    print(f"rangestream {command}: {line}", file=sys.stderr)
 
 
 if __name__ == "__main__":

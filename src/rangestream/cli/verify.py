@@ -11,7 +11,13 @@ import argparse
 import sys
 from typing import Any
 
-from rangestream.cli.options import add_location_arguments, storage_options
+from rangestream.cli.options import (
+    add_location_arguments,
+    dataset_url,
+    retry_policy,
+    storage_options,
+)
+from rangestream.errors import CommandLineError
 
 #: Exit status when the scan found damage (2 is an error that stopped the scan itself).
 EXIT_DAMAGED = 1
@@ -21,12 +27,11 @@ def register(commands: Any) -> None:
     parser = commands.add_parser(
         "verify", help="check every checksum and index invariant of a dataset"
     )
-    parser.add_argument("dataset", nargs="?", help="dataset URL (or give --url)")
-    add_location_arguments(parser, default_url="")
+    add_location_arguments(parser, default_url=None)
     parser.add_argument(
         "--concurrency", type=int, default=8, help="blocks fetched at once (bounds memory)"
     )
-    parser.set_defaults(run=run, parser=parser)
+    parser.set_defaults(run=run)
 
 
 def run(arguments: argparse.Namespace) -> int:
@@ -34,24 +39,30 @@ def run(arguments: argparse.Namespace) -> int:
 
     from rangestream.storage.verify import verify_dataset
 
-    url = arguments.dataset or arguments.url
-    if not url:
-        arguments.parser.error("give the dataset URL, as an argument or with --url")
+    url = dataset_url(arguments)
     if arguments.concurrency < 1:
-        arguments.parser.error("--concurrency must be at least 1")
-    with tqdm(unit="block", desc="verify", file=sys.stderr) as bar:
+        raise CommandLineError(f"--concurrency must be at least 1, got {arguments.concurrency}")
+    bars: list[Any] = []  # made once the scan starts: a failure before it prints one line
 
-        def set_total(total: int) -> None:
-            bar.total = total
-            bar.refresh()
+    def set_total(total: int) -> None:
+        bars.append(tqdm(total=total, unit="block", desc="verify", file=sys.stderr))
 
+    def update(count: int) -> None:
+        if bars:
+            bars[0].update(count)
+
+    try:
         report = verify_dataset(
             url,
             storage_options(arguments),
-            progress=bar.update,
+            progress=update,
             on_total=set_total,
             max_concurrency=arguments.concurrency,
+            retry=retry_policy(arguments),
         )
+    finally:
+        for bar in bars:
+            bar.close()
     for line in report.lines():
         print(line)
     return 0 if report.ok else EXIT_DAMAGED

@@ -17,6 +17,9 @@ DocumentT = TypeVar("DocumentT")
 class DocumentPickleFormat(DocumentStorageFormat[DocumentT, DocumentT], Generic[DocumentT]):
     """Pickle each document (trusted data only: unpickling can execute code)."""
 
+    #: Recorded in the dataset's schema, so that readers without this class can tell.
+    payload_encoding = "pickle"
+
     def pack(self, data: DocumentT) -> bytes:
         return pickle.dumps(data, protocol=pickle.HIGHEST_PROTOCOL)
 

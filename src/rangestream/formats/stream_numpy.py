@@ -8,6 +8,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from rangestream.errors import InvalidRecordError
+from rangestream.formats.field_values import fit_to_field
 from rangestream.layout.dtypes import check_plain_dtype
 from rangestream.types import StreamStorageFormat, Vector
 
@@ -19,6 +20,9 @@ class StreamNumpyFormat(StreamStorageFormat[DataT, DataT, Any], Generic[DataT]):
 
     Fields are interleaved per element, so a window of every field is one contiguous byte
     range (one request). ``unpack`` returns each field as a view of the window.
+
+    Field values may be arrays of any numeric dtype or Python sequences; every value must
+    fit its field's dtype (an id over 2**31 is refused by an ``"<i4"`` field, not wrapped).
 
     Parameters
     ----------
@@ -59,12 +63,8 @@ class StreamNumpyFormat(StreamStorageFormat[DataT, DataT, Any], Generic[DataT]):
                 raise InvalidRecordError(
                     f"field {name!r} has {len(column)} elements, expected {length}"
                 )
-            expected = self.stream_dtype.fields[name][0]  # type: ignore[index]
-            if not np.can_cast(column.dtype, expected, casting="same_kind"):
-                raise InvalidRecordError(
-                    f"field {name!r} has dtype {column.dtype}, expected {expected}"
-                )
-            columns[name] = column
+            # values, not dtype kinds: an int64 id over 2**31 must not wrap into "<i4"
+            columns[name] = fit_to_field(column, self.stream_dtype.fields[name][0], name)  # type: ignore[index]
         out = np.empty(length or 0, dtype=self.stream_dtype)
         for name, column in columns.items():
             out[name] = column

@@ -15,10 +15,14 @@ import contextlib
 import json
 import weakref
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from rangestream.io.log_redaction import hide_session_tokens
 from rangestream.io.process import ProcessLocal, io_loop_started
 from rangestream.io.store import ObjectStore, check_key
+
+if TYPE_CHECKING:
+    from rangestream.io.object_info import ObjectInfo
 
 __all__ = ["FsspecStore", "close_loop_clients", "shared_client"]
 
@@ -96,6 +100,7 @@ class FsspecStore(ObjectStore):
         options = self._options()
 
         async def make() -> Any:
+            hide_session_tokens(options)  # botocore logs signed headers at DEBUG
             made = fsspec.filesystem(
                 self.protocol, asynchronous=True, skip_instance_cache=True, **options
             )
@@ -181,6 +186,36 @@ class FsspecStore(ObjectStore):
             fs = await self._fs()
             with contextlib.suppress(FileNotFoundError):
                 fs.rm(self._path(prefix), recursive=True)
+
+    # -- listings with sizes (gc, verify) ------------------------------------------------
+    async def list_details(self, prefix: str) -> list[ObjectInfo]:
+        from rangestream.io.object_info import ObjectInfo
+
+        try:
+            found = await self._call("find", self._path(prefix).rstrip("/"), detail=True)
+        except FileNotFoundError:
+            return []
+        root, infos = self.root_path + "/", []
+        for path, info in found.items():
+            path = path.split("://", 1)[-1]
+            if path.startswith("/") and not root.startswith("/"):
+                path = path.lstrip("/")
+            if not path.startswith(root) or info.get("type", "file") != "file":
+                continue
+            stamp = info.get("LastModified") or info.get("mtime") or info.get("created")
+            modified = stamp.timestamp() if hasattr(stamp, "timestamp") else stamp
+            infos.append(ObjectInfo(path[len(root) :], int(info.get("size") or 0), modified))
+        return sorted(infos, key=lambda info: info.key)
+
+    async def list_prefixes(self, prefix: str) -> list[str]:
+        try:
+            entries = await self._call("ls", self._path(prefix).rstrip("/"), detail=True)
+        except FileNotFoundError:
+            return []
+        start = f"{prefix.rstrip('/')}/" if prefix else ""
+        names = [e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries
+                 if e.get("type") == "directory"]  # fmt: skip
+        return sorted(start + name for name in names)
 
     async def aclose(self) -> None:
         """Forget this loop's filesystem; the shared client closes with its loop.

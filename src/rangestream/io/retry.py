@@ -8,6 +8,7 @@ surface at once.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -124,12 +125,19 @@ def is_unreachable(error: BaseException) -> bool:
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Bounded retries with exponential backoff and full jitter.
+    """Retries with exponential backoff and full jitter, bounded by time.
+
+    By default only ``total_timeout`` ends the retries of a request: an endpoint that is
+    down or throttling for 30 s (a restart, a failover) is ridden out, where a count of
+    attempts with sub-second backoff would give up after about 1.6 s. Like Google's API
+    clients (a deadline, no attempt count), not botocore's few attempts, because a training
+    run that dies of a short outage costs far more than a request that waits.
 
     Parameters
     ----------
     max_attempts
-        Attempts per request, the first included.
+        Attempts per request, the first included; ``None`` (the default) bounds them only
+        by ``total_timeout``.
     base_delay, max_delay
         Backoff before attempt ``n`` is uniform in ``[0, min(max_delay, base_delay * 2**n)]``
         (full jitter spreads a throttled fleet instead of retrying in lockstep).
@@ -139,15 +147,15 @@ class RetryPolicy:
         Seconds all attempts of one request may take together; bounds every read.
     """
 
-    max_attempts: int = 6
+    max_attempts: int | None = None
     base_delay: float = 0.05
     max_delay: float = 2.0
     request_timeout: float = 30.0
     total_timeout: float = 120.0
 
     def __post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
+        if self.max_attempts is not None and self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1 or None, got {self.max_attempts}")
         if self.request_timeout <= 0 or self.total_timeout <= 0:
             raise ValueError("request_timeout and total_timeout must be positive")
 
@@ -159,13 +167,15 @@ class RetryPolicy:
     def attempts(self, rng: random.Random | None = None) -> Iterator[tuple[int, float, float]]:
         """``(attempt number, deadline, backoff to sleep first)`` per attempt.
 
-        Stops when attempts run out or the next backoff would pass ``total_timeout``. The
-        caller sleeps the backoff, ``continue``s after a transient failure and returns or
-        raises otherwise. A plain generator on purpose: an async one left unfinished by a
-        ``return`` costs a finalizer task on the event loop for every request.
+        Stops when the next backoff would pass ``total_timeout`` (or when ``max_attempts``,
+        if set, run out first). The caller sleeps the backoff, ``continue``s after a
+        transient failure and returns or raises otherwise. A plain generator on purpose: an
+        async one left unfinished by a ``return`` costs a finalizer task on the event loop
+        for every request.
         """
         deadline = time.monotonic() + self.total_timeout
-        for attempt in range(self.max_attempts):
+        numbers = itertools.count() if self.max_attempts is None else range(self.max_attempts)
+        for attempt in numbers:
             delay = self.backoff(attempt - 1, rng) if attempt else 0.0
             if time.monotonic() + delay >= deadline:
                 return
@@ -197,12 +207,14 @@ async def retrying(
     unbounded in time (local files: nothing to time out on).
     """
     last_error: BaseException | None = None
+    made = 0
     for number, deadline, delay in policy.attempts(rng):
         if delay:
             await asyncio.sleep(delay)
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             break
+        made += 1
         try:
             if not timeout:
                 return await attempt(number)
@@ -215,14 +227,15 @@ async def retrying(
             if not is_transient(error):
                 raise StorageError(f"{where} failed: {error}") from error
             last_error = error
-    raise _gave_up(policy, where, last_error)
+    raise _gave_up(policy, where, last_error, made)
 
 
-def _gave_up(policy: RetryPolicy, where: str, error: BaseException | None) -> RangestreamError:
+def _gave_up(
+    policy: RetryPolicy, where: str, error: BaseException | None, made: int
+) -> RangestreamError:
     if error is not None and is_unreachable(error):
         gave_up: RangestreamError = EndpointUnreachableError(
-            f"cannot reach the object store for {where} after "
-            f"{policy.max_attempts} attempts: {error}"
+            f"cannot reach the object store for {where} after {made} attempts: {error}"
         )
     elif isinstance(error, ShortReadError):
         gave_up = TruncatedObjectError(
@@ -230,7 +243,7 @@ def _gave_up(policy: RetryPolicy, where: str, error: BaseException | None) -> Ra
         )
     else:
         gave_up = RetriesExhaustedError(
-            f"{where} failed after retries (max_attempts={policy.max_attempts}, "
+            f"{where} failed after {made} attempts (max_attempts={policy.max_attempts}, "
             f"total_timeout={policy.total_timeout}s): {error!r}"
         )
     gave_up.__cause__ = error

@@ -102,6 +102,61 @@ class S3Store(FsspecStore):
         await super().aclose()
         self._reads.forget_loop()
 
+    # -- object versions, conditional writes (commit) ------------------------------------
+    @staticmethod
+    def _s3_error(error: BaseException) -> tuple[str | None, int | None]:
+        """The S3 error code and HTTP status behind an s3fs exception, if any."""
+        current: BaseException | None = error
+        for _ in range(8):
+            response = getattr(current, "response", None)
+            if isinstance(response, dict):
+                status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+                return (response.get("Error") or {}).get("Code"), status
+            if current is None:
+                break
+            current = current.__cause__ or current.__context__
+        return None, None
+
+    async def get_versioned(self, key: str, max_nbytes: int) -> tuple[bytes, str]:
+        fs, (bucket, object_key) = await self._fs(), self.bucket_key(key)
+        try:  # one bounded GET: the ETag of a range names the whole object's version
+            response = await fs._call_s3(
+                "get_object", Bucket=bucket, Key=object_key, Range=f"bytes=0-{max_nbytes - 1}"
+            )
+        except OSError as error:
+            if self._s3_error(error)[1] != 416:
+                raise
+            response = await fs._call_s3("get_object", Bucket=bucket, Key=object_key)  # empty
+        body = response["Body"]
+        try:
+            data = await body.read()
+        finally:
+            body.close()
+        return bytes(data), str(response["ETag"])
+
+    async def put_if_version(
+        self, key: str, data: bytes, version: str | None, max_nbytes: int
+    ) -> None:
+        from rangestream.errors import ConcurrentWriteError
+
+        condition = {"IfNoneMatch": "*"} if version is None else {"IfMatch": version}
+        fs, (bucket, object_key) = await self._fs(), self.bucket_key(key)
+        try:
+            await fs._call_s3(
+                "put_object", Bucket=bucket, Key=object_key, Body=bytes(data), **condition
+            )
+        except OSError as error:
+            code, status = self._s3_error(error)
+            if status in (409, 412) or code in {"PreconditionFailed", "ConditionalRequestConflict"}:
+                raise ConcurrentWriteError(
+                    f"{self.describe(key)} changed since it was read"
+                ) from error
+            if version is not None and isinstance(error, FileNotFoundError):
+                raise ConcurrentWriteError(f"{self.describe(key)} was deleted") from error
+            if status != 501 and code != "NotImplemented":
+                raise
+            await super().put_if_version(key, data, version, max_nbytes)  # no conditions here
+
 
 class _LeanReads:
     """Reads through the shared ``S3ReadClient`` of this process, loop and options."""

@@ -1,6 +1,6 @@
 """AWS Signature Version 4 for the lean S3 reads: botocore's headers at a fraction of its cost.
 
-Why this exists: the reads of ``rangestream.io.s3_reads`` signed every range GET with
+Why this exists: the reads of ``rangestream.io.s3_client`` signed every range GET with
 botocore's ``S3SigV4Auth``, whose generic pipeline (an ``AWSRequest``, header maps, URL
 parsing three times, the signing key derived anew with four HMACs) took about a quarter of
 the client's CPU per request: 70-140 µs, against 10-15 µs for this module. On the 2-core
@@ -8,7 +8,7 @@ machines this library targets, the client shares the CPU with the data loader (a
 with the S3 server), so that time is read throughput.
 
 Scope, deliberately narrow: requests without a body and without a query string (the range
-GETs, suffix GETs, whole GETs and HEADs that ``s3_reads`` sends), signed exactly as
+GETs, suffix GETs, whole GETs and HEADs that ``s3_client`` sends), signed exactly as
 botocore signs them (``x-amz-content-sha256`` is the empty body's SHA-256, as botocore sets
 it for every request that carries no checksum header; the security token is signed when
 there is one). ``S3ReadClient`` uses botocore's signer for anything else, and the tests

@@ -11,11 +11,14 @@ from __future__ import annotations
 import os
 import re
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rangestream.errors import StorageError, UnsafeKeyError
 
 __all__ = ["ObjectStore", "check_key", "is_local_url", "open_store"]
+
+if TYPE_CHECKING:
+    from rangestream.io.object_info import ObjectInfo
 
 _LOCAL_PROTOCOLS = {"file", "local"}
 _S3_PROTOCOLS = {"s3", "s3a"}
@@ -129,6 +132,50 @@ class ObjectStore(ABC):
 
     def get_suffix_sync(self, key: str, nbytes: int) -> bytes:
         raise TypeError(f"{type(self).__name__} has no synchronous reads")
+
+    # -- listings with sizes, object versions, conditional writes (gc, verify, commit) --
+    async def list_details(self, prefix: str) -> list[ObjectInfo]:
+        """Objects under ``prefix`` (recursively) with their sizes and, if known, ages."""
+        from rangestream.io.object_info import ObjectInfo
+
+        return [ObjectInfo(key, await self.size(key), None) for key in await self.list(prefix)]
+
+    async def list_prefixes(self, prefix: str) -> list[str]:
+        """The prefixes one level below ``prefix`` that hold objects (its "directories")."""
+        base = f"{prefix.rstrip('/')}/" if prefix else ""
+        rests = [key[len(base) :] for key in await self.list(prefix)]
+        return sorted({base + rest.split("/", 1)[0] for rest in rests if "/" in rest})
+
+    async def get_versioned(self, key: str, max_nbytes: int) -> tuple[bytes, str]:
+        """At most ``max_nbytes`` bytes of ``key``, and a token naming this version of it.
+
+        ``FileNotFoundError`` if there is no such object. Here versions are named by
+        content (``object_info.content_version``); S3 names them by ETag.
+        """
+        from rangestream.io.object_info import content_version
+
+        data = await self.get_range(key, 0, max_nbytes)
+        size = len(data) if len(data) < max_nbytes else await self.size(key)
+        return data, content_version(data, size)
+
+    async def put_if_version(
+        self, key: str, data: bytes, version: str | None, max_nbytes: int
+    ) -> None:
+        """Write ``key`` only if it is still ``version`` (``None``: only if it is absent).
+
+        Raises ``ConcurrentWriteError`` otherwise. This fallback checks, then writes: a
+        write by someone else between the two goes unseen here, so callers read back
+        afterwards. Stores with an atomic conditional write (S3, local files) override it.
+        """
+        from rangestream.errors import ConcurrentWriteError
+
+        try:
+            _, current = await self.get_versioned(key, max_nbytes)
+        except FileNotFoundError:
+            current = None
+        if current != version:
+            raise ConcurrentWriteError(f"{self.describe(key)} changed since it was read")
+        await self.put(key, data)
 
 
 def is_local_url(url: str | os.PathLike[str]) -> bool:

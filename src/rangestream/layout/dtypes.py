@@ -38,6 +38,14 @@ def check_plain_dtype(dtype: np.dtype[Any], what: str) -> None:
         raise ValueError(f"{what}: dtype {dtype} is not a fixed-width numeric or bool type")
 
 
+def little_endian(dtype: np.dtype[Any]) -> np.dtype[Any]:
+    """``dtype`` in the stored byte order: every field little-endian (one byte: unchanged).
+
+    Writers convert rows to it, as numpy converts byte order: values stay equal.
+    """
+    return dtype.newbyteorder("<") if dtype.byteorder != "|" or dtype.fields else dtype
+
+
 def dtype_to_json(dtype: np.dtype[Any]) -> Any:
     """A JSON value that ``dtype_from_json`` turns back into an equal dtype."""
     descr = np.lib.format.dtype_to_descr(dtype)

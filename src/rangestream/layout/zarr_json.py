@@ -29,9 +29,9 @@ def array_document(
     else:
         data_type, endian = zarr_data_type(dtype)
         trailing = list(layout.row_shape)
-    bytes_codec: dict[str, Any] = {"name": "bytes"}
-    if endian is not None:
-        bytes_codec["configuration"] = {"endian": endian}
+    # Zarr v3 lets single-byte types omit the byte order, but older readers (zarrita)
+    # refuse a bytes codec without one: name it always. Stored data is little-endian.
+    bytes_codec: dict[str, Any] = {"name": "bytes", "configuration": {"endian": endian or "little"}}
     fill_value: Any = False if data_type == "bool" else 0
     if data_type.startswith("float"):
         fill_value = 0.0

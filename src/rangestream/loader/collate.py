@@ -294,6 +294,8 @@ class PadCollate:
             raise CollateError("cannot collate an empty batch")
         fields = self.fields
         if isinstance(fields, Pad):
+            if isinstance(samples[0], Mapping):
+                raise CollateError(_name_the_fields(samples, fields))
             padded, report = self._pad(samples, fields)
             return padded if report is None else (padded, report)
         if not all(isinstance(sample, Mapping) for sample in samples):
@@ -325,6 +327,25 @@ class PadCollate:
                     )
                 batch[extra] = report
         return batch
+
+
+def _name_the_fields(samples: Sequence[Any], spec: Pad) -> str:
+    """Why a single ``Pad`` cannot collate dict samples, and the call that would."""
+    keys = list(samples[0])
+    varying = [
+        key
+        for key in keys
+        if all(isinstance(s, Mapping) and key in s for s in samples)
+        and len({np.shape(s[key]) for s in samples}) > 1
+    ]
+    names = varying or [key for key in keys if np.ndim(samples[0][key]) >= 1][:1] or keys[:1]
+    shown = "Pad()" if spec == Pad() else repr(spec)
+    suggestion = ", ".join(f"{name!r}: {shown}" for name in names)
+    return (
+        f"PadCollate({shown}) pads samples that are bare arrays, but these are dicts with "
+        f"keys {sorted(map(str, keys))}; name the fields to pad, e.g. "
+        f"PadCollate({{{suggestion}}})"
+    )
 
 
 @dataclass(frozen=True)

@@ -612,6 +612,18 @@ class BatchIterableDataset(IterableDataset[Any]):
             drop_last=self.drop_last,
             consumed_samples=consumed,
         )
+        if consumed == 0 and plan.num_steps == 0:
+            # a whole epoch without one batch would end every training loop at once, silently
+            raise LoaderConfigError(
+                f"{type(self).__name__}: an epoch of {num_samples} samples makes no batch of "
+                f"batch_size {self.batch_size} x world_size {self.world_size} = "
+                f"{plan.global_batch_size} samples (drop_last={self.drop_last}); "
+                + (
+                    "the dataset has no sample (is sequence_length longer than the data?)"
+                    if num_samples == 0
+                    else "lower batch_size or world_size, or pass drop_last=False"
+                )
+            )
         runs: list[range] = []
         block_steps = max(1, _TARGET_BLOCK_SAMPLES // plan.batch_size)
         for run in plan.worker_runs(worker_id, num_workers, self._run_steps(num_workers)):

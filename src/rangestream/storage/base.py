@@ -21,6 +21,7 @@ from rangestream.io.retry import RetryPolicy
 from rangestream.io.retrying_store import RetryingStore
 from rangestream.io.store import ObjectStore, is_local_url, open_store
 from rangestream.layout.block import ArrayLayout
+from rangestream.layout.dtypes import little_endian
 from rangestream.layout.manifest import Manifest
 from rangestream.storage.options import LayoutOptions, split_options
 from rangestream.storage.writing import (
@@ -147,9 +148,10 @@ class Storage(abc.ABC):
         *,
         chunk_bytes: int | None = None,
     ) -> ArrayLayout:
-        """The layout of a new array of this storage, from its size targets."""
+        """The layout of a new array of this storage, from its size targets (stored
+        little-endian: writers convert rows of another byte order)."""
         return ArrayLayout.for_sizes(
-            np.dtype(dtype),
+            little_endian(np.dtype(dtype)),
             row_shape,
             chunk_bytes=chunk_bytes or self.chunk_bytes,
             block_bytes=max(self.block_bytes, chunk_bytes or 0),

@@ -40,6 +40,19 @@ def payload_rows(payload: Any, who: str) -> np.ndarray:
     return np.frombuffer(payload, dtype=np.uint8).copy()
 
 
+def payload_encoding(storage_format: Any) -> str:
+    """How a format encodes payloads, as the schema records it for readers of the store.
+
+    The format's ``payload_encoding`` (``"pickle"`` for ``DocumentPickleFormat``), else
+    ``python:<module>.<class>`` of the format: a name, if not a specification.
+    """
+    named = getattr(storage_format, "payload_encoding", None)
+    if isinstance(named, str) and named:
+        return named
+    cls = type(storage_format)
+    return f"python:{cls.__module__}.{cls.__qualname__}"
+
+
 class _DocumentShardEncoder(ShardEncoder):
     def __init__(self, storage_format: DocumentStorageFormat[Any, Any]) -> None:
         self.format = storage_format
@@ -195,11 +208,21 @@ class DocumentStorage(Storage):
             "payload_offsets": self._layout(_INT64, chunk_bytes=max(self.chunk_bytes, 1024)),
         }
 
+    def _schema(self) -> dict[str, Any]:
+        return {"payload_encoding": payload_encoding(self.storage_format)}
+
     def _check_schema(self, manifest: Manifest) -> None:
         from rangestream.errors import SchemaMismatchError
 
         if set(manifest.arrays) != {"payload_heap", "payload_offsets"}:
             raise SchemaMismatchError(f"{self.url} does not hold a document dataset's arrays")
+        stored = manifest.schema.get("payload_encoding")
+        named = getattr(self.storage_format, "payload_encoding", None)
+        if isinstance(stored, str) and isinstance(named, str) and stored != named:
+            raise SchemaMismatchError(
+                f"{self.url} stores payloads encoded as {stored!r}, but the format "
+                f"{type(self.storage_format).__name__} reads {named!r}"
+            )
 
     def _shard_encoder(self) -> ShardEncoder:
         return _DocumentShardEncoder(self.storage_format)

@@ -19,7 +19,12 @@ import numpy as np
 from rangestream.errors import InvalidRecordError, OutOfRangeError, SchemaMismatchError
 from rangestream.io.local import INLINE_READ_BYTES
 from rangestream.layout.block import ArrayLayout
-from rangestream.layout.dtypes import check_plain_dtype, dtype_from_json, dtype_to_json
+from rangestream.layout.dtypes import (
+    check_plain_dtype,
+    dtype_from_json,
+    dtype_to_json,
+    little_endian,
+)
 from rangestream.layout.executors import Program
 from rangestream.layout.manifest import Manifest
 from rangestream.layout.pieces import Output, RowRead, StoredArray
@@ -299,11 +304,12 @@ class StreamStorage(Storage):
         }
 
     def _schema(self) -> dict[str, Any]:
-        return {"stream_dtype": dtype_to_json(self.storage_format.stream_dtype)}
+        return {"stream_dtype": dtype_to_json(little_endian(self.storage_format.stream_dtype))}
 
     def _check_stream_dtype(self, manifest: Manifest) -> None:
         stored = dtype_from_json(manifest.schema.get("stream_dtype"), "stored stream_dtype")
-        if stored != self.storage_format.stream_dtype:
+        # stored little-endian: a big-endian format is the same format
+        if little_endian(stored) != little_endian(self.storage_format.stream_dtype):
             raise SchemaMismatchError(
                 f"{self.url} stores stream_dtype {stored}, but the format has "
                 f"{self.storage_format.stream_dtype}"

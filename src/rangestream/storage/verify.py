@@ -1,18 +1,22 @@
 """Scanning a committed dataset for damage: every block, chunk index, checksum and index.
 
 Reads check only what they touch, so damage in data nobody has read yet stays silent. A
-scan reads every block of the committed version whole and checks, per block: that the
-object exists and has the size its array's length implies, its chunk index (crc32c and
-entries), and the crc32c of every inner chunk. Per array: that the Zarr array metadata
+scan reads every block of the committed version and checks, per block: that the object
+exists and has the size its array's length implies, its chunk index (crc32c and every
+entry), and the crc32c of every inner chunk (each bad one is reported). Blocks are read
+whole up to ``PIECE_BYTES`` and in pieces beyond, so memory is bounded by what is read,
+never by what a damaged layout claims. Per array: that the Zarr array metadata
 agrees with the manifest and that no block objects lie past the array's end. Across
 arrays: ``record_ends`` never decrease and end at the stream's length;
 ``payload_offsets`` start at 0, never decrease and end at the heap's length; the two
 columns of ``runs`` (element ends, payload ends) start at 0, never decrease and end at the
 stream's and the heap's lengths; the end rows of temporal ``record_rows`` never decrease
 and end at the shard's group length. Finally, the index arrays for Zarr-only readers must
-agree with the manifest.
+agree with the manifest. The root document is read within the metadata cap.
 
-Problems are collected, not raised, so one scan reports all the damage it finds.
+Problems are collected, not raised, so one scan reports all the damage it finds. Versions
+under ``data/`` that no reader can reach (``rangestream gc``) are listed with their size;
+they are not damage.
 """
 
 from __future__ import annotations
@@ -23,23 +27,35 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import google_crc32c
 import numpy as np
 
 from rangestream.errors import (
     CorruptDataError,
     DatasetNotFoundError,
+    MetadataError,
     MissingObjectError,
+    StorageError,
 )
+from rangestream.io.local import LocalStore
 from rangestream.io.process import run_blocking
 from rangestream.io.range_reader import RangeReader
-from rangestream.io.ranges import ObjectRequest
+from rangestream.io.ranges import ObjectRequest, RangeRequest
 from rangestream.io.retry import RetryPolicy
 from rangestream.io.store import ObjectStore, open_store
 from rangestream.layout.block import MISSING, ArrayLayout, parse_block_index
 from rangestream.layout.checksums import CRC32C_RESIDUE, crc32c
 from rangestream.layout.executors import RemoteExecutor
-from rangestream.layout.manifest import ROOT_KEY, Manifest, data_prefix, parse_root
+from rangestream.layout.manifest import (
+    MAX_ROOT_BYTES,
+    ROOT_KEY,
+    Manifest,
+    data_prefix,
+    parse_root,
+)
 from rangestream.layout.pieces import RowRead, StoredArray
+from rangestream.storage.gc import Orphan, find_orphans
+from rangestream.storage.writing import library_errors
 
 __all__ = ["Problem", "VerifyReport", "averify_dataset", "verify_dataset"]
 
@@ -85,6 +101,9 @@ class VerifyReport:
     chunks: int = 0
     bytes: int = 0
     problems: list[Problem] = field(default_factory=list)
+    #: Versions under ``data/`` that are neither committed nor the one it replaced:
+    #: not damage, but space that ``rangestream gc`` can reclaim.
+    orphans: list[Orphan] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -102,6 +121,13 @@ class VerifyReport:
             f"checked   {self.arrays} arrays in {self.shards} shards: {self.blocks} blocks, "
             f"{self.chunks} inner chunks, {self.bytes:,} bytes",
         ]
+        if self.orphans:
+            size = sum(orphan.bytes for orphan in self.orphans)
+            out.append(
+                f"orphans   {len(self.orphans)} version(s) not part of the dataset, {size:,} "
+                f"bytes (`rangestream gc {self.url}` lists them, --yes deletes them)"
+            )
+            out.extend(f"  {orphan.prefix}: {orphan.bytes:,} bytes" for orphan in self.orphans)
         if self.ok:
             out.append("result    OK: every checksum and index invariant holds")
         else:
@@ -155,6 +181,23 @@ class _Block:
     rows: int  # rows of the array this block holds
     first_row: int
     checks: list[_OffsetCheck]
+    size: int  # bytes of the stored object, from the listing
+
+
+@dataclass
+class _Findings:
+    """What one block's scan found, merged into the report in block order."""
+
+    problems: list[Problem] = field(default_factory=list)
+    chunks: int = 0
+    bytes: int = 0
+    #: ``(first row, values)`` of verified rows of an offsets array, in row order.
+    values: list[tuple[int, np.ndarray]] = field(default_factory=list)
+    #: Whether the block's offsets can be followed (no bad or missing chunk).
+    intact: bool = True
+
+    def add(self, where: str, message: str) -> None:
+        self.problems.append(Problem(where, message))
 
 
 def verify_dataset(
@@ -212,23 +255,29 @@ async def averify_dataset(
     reader = RangeReader(store, max_concurrency=max_concurrency, retry=retry)
     report = VerifyReport(url=str(url))
     try:
-        manifest = await _read_manifest(reader, report)
-        if manifest is not None:
-            await _scan(reader, manifest, report, progress, on_total, max_concurrency)
+        with library_errors(f"scanning {url}"):  # listings: reads convert their own
+            manifest = await _read_manifest(reader, report)
+            if manifest is not None:
+                await _scan(reader, manifest, report, progress, on_total, max_concurrency)
     finally:
-        await store.aclose()
+        if isinstance(store, LocalStore):
+            store.close_files()
+        else:
+            await store.aclose()
     return report
 
 
 async def _read_manifest(reader: RangeReader, report: VerifyReport) -> Manifest | None:
     store = reader.store
-    try:
-        (raw,) = await reader.fetch([ObjectRequest(ROOT_KEY)])
+    try:  # bounded by the metadata cap, as the readers' open is
+        (raw,) = await reader.fetch([ObjectRequest(ROOT_KEY, MAX_ROOT_BYTES)])
     except MissingObjectError as error:
         raise DatasetNotFoundError(
             f"no dataset at {report.url}: {ROOT_KEY} not found (never committed?)"
         ) from error
     try:
+        if len(raw) > MAX_ROOT_BYTES:
+            raise MetadataError(f"larger than the {MAX_ROOT_BYTES}-byte metadata cap")
         manifest = parse_root(bytes(raw), store.describe(ROOT_KEY))
     except CorruptDataError as error:
         report.add(store.describe(ROOT_KEY), f"unreadable dataset metadata: {error}")
@@ -261,35 +310,57 @@ async def _scan(
             if len(present) < layout.num_blocks(length):
                 for check in array_checks:
                     check.broken = True  # values cannot be followed across a missing block
-            for block in present:
+            for block, size in present:
                 first = block * layout.block_rows
                 rows = min(layout.block_rows, length - first)
                 blocks.append(
-                    _Block(layout.block_key(key, block), layout, rows, first, array_checks)
+                    _Block(layout.block_key(key, block), layout, rows, first, array_checks, size)
                 )
     if on_total is not None:
         on_total(len(blocks))
-    # Blocks are fetched a window at a time but checked in order, so the offset checks
-    # can follow each array from its first block to its last.
+    # Blocks of at most PIECE_BYTES are read whole, a window of them at once; larger ones
+    # in pieces, one block at a time. Either way findings are taken in block order, so the
+    # offset checks follow each array from its first block to its last.
     for start in range(0, len(blocks), max_concurrency):
         window = blocks[start : start + max_concurrency]
-        datas = await asyncio.gather(
-            *(_fetch_block(reader, block) for block in window), return_exceptions=True
+        small = [block for block in window if block.size <= PIECE_BYTES]
+        found = dict(
+            zip(
+                map(id, small),
+                await asyncio.gather(*(_scan_or_report(reader, block) for block in small)),
+                strict=True,
+            )
         )
-        for block, data in zip(window, datas, strict=True):
-            if isinstance(data, BaseException):
-                if not isinstance(data, Exception):
-                    raise data
-                report.add(store.describe(block.key), f"cannot be read: {data}")
-                for check in block.checks:
-                    check.broken = True
-            else:
-                _check_block(store, block, data, report)
+        for block in window:
+            findings = found.get(id(block))
+            if findings is None:
+                findings = await _scan_or_report(reader, block, feed=True)
+            _merge(report, block, findings)
         if progress is not None:
             progress(len(window))
     for check in checks:
         check.finish(report)
     await _check_index_arrays(reader, manifest, report)
+    report.orphans = (await find_orphans(store, report.url, grace=0)).orphans
+
+
+def _merge(report: VerifyReport, block: _Block, findings: _Findings) -> None:
+    report.blocks += 1
+    report.chunks += findings.chunks
+    report.bytes += findings.bytes
+    report.problems.extend(findings.problems)
+    for first_row, values in findings.values:
+        _feed(block, values, report, first_row)
+    if not findings.intact:
+        for check in block.checks:
+            check.broken = True
+
+
+def _feed(block: _Block, values: np.ndarray, report: VerifyReport, first_row: int) -> None:
+    rows = values.reshape(-1, block.layout.row_nbytes // 8)
+    for check in block.checks:
+        column = rows[:, check.column] if check.column is not None else rows[:, 0]
+        check.feed(column, report, first_row)
 
 
 def _offset_checks(
@@ -316,75 +387,228 @@ def _offset_checks(
     return checks
 
 
-async def _fetch_block(reader: RangeReader, block: _Block) -> bytes:
-    (data,) = await reader.fetch([ObjectRequest(block.key)], max_concurrency=1)
+#: Blocks up to this size are read with one request; larger ones in pieces of about this
+#: size, so a scan's memory stays near ``max_concurrency * PIECE_BYTES`` whatever the
+#: layout claims (inner chunks of up to 2 GiB, blocks of 2**40 rows).
+PIECE_BYTES = 16 << 20
+
+
+async def _read(reader: RangeReader, key: str, start: int, end: int) -> bytes:
+    (data,) = await reader.fetch([RangeRequest(key, start, end)], max_concurrency=1)
     return bytes(data)
 
 
-def _check_block(store: ObjectStore, block: _Block, data: bytes, report: VerifyReport) -> None:
-    """Check one whole block object; feed its rows to the array's offset check."""
-    layout, where = block.layout, store.describe(block.key)
-    report.blocks += 1
-    report.bytes += len(data)
+def _runs(numbers: np.ndarray) -> list[tuple[int, int]]:
+    """Consecutive runs ``(first, last)`` of sorted integers."""
+    if not len(numbers):
+        return []
+    breaks = np.flatnonzero(np.diff(numbers) != 1)
+    firsts = np.r_[numbers[0], numbers[breaks + 1]]
+    lasts = np.r_[numbers[breaks], numbers[-1]]
+    return [(int(a), int(b)) for a, b in zip(firsts, lasts, strict=True)]
+
+
+def _chunks(first: int, last: int) -> str:
+    return f"inner chunk {first}" if first == last else f"inner chunks {first}..{last}"
+
+
+async def _scan_or_report(reader: RangeReader, block: _Block, *, feed: bool = False) -> _Findings:
+    """``_scan_block``, with a block that cannot be read reported instead of raised."""
+    try:
+        return await _scan_block(reader, block, feed=feed)
+    except (CorruptDataError, StorageError) as error:
+        findings = _Findings(intact=False)
+        findings.add(reader.store.describe(block.key), f"cannot be read: {error}")
+        return findings
+
+
+async def _scan_block(reader: RangeReader, block: _Block, *, feed: bool = False) -> _Findings:
+    """Check one block object: its size, chunk index and every inner chunk's crc32c.
+
+    Reads the object whole when it is small, else its index and then its chunks in pieces
+    of about ``PIECE_BYTES``; every allocation is bounded by bytes actually read, never by
+    what the layout claims. Every bad inner chunk is reported (consecutive ones as one
+    run), not only the first. With ``feed`` the block's offset values go straight to its
+    checks (blocks in pieces run alone, in order) instead of into the findings.
+    """
+    findings = _Findings()
+    layout, size = block.layout, block.size
+    where = reader.store.describe(block.key)
     stored = layout.stored_chunk_nbytes
     present = -(-block.rows // layout.chunk_rows)
-    size = present * stored + layout.index_nbytes
-    if layout.dense_chunks and len(data) != size:
-        report.add(
+    if layout.dense_chunks and size != present * stored + layout.index_nbytes:
+        findings.add(
             where,
-            f"object is {len(data)} bytes; {block.rows} rows in {present} chunks of {stored} "
-            f"bytes and the index make {size} (truncated, or the manifest's length disagrees)",
+            f"object is {size} bytes; {block.rows} rows in {present} chunks of {stored} "
+            f"bytes and the index make {present * stored + layout.index_nbytes} (truncated, "
+            "or the manifest's length disagrees)",
         )
-        return
-    if len(data) < layout.index_nbytes:
-        report.add(where, f"{len(data)} bytes cannot hold the {layout.index_nbytes}-byte index")
-        return
-    heap_end = len(data) - layout.index_nbytes
+        findings.intact = False
+        return findings
+    if size < layout.index_nbytes:
+        findings.add(where, f"{size} bytes cannot hold the {layout.index_nbytes}-byte index")
+        findings.intact = False
+        return findings
+    heap_end = size - layout.index_nbytes
+    whole = await _read(reader, block.key, 0, size) if size <= PIECE_BYTES else None
+    raw_index = (
+        whole[heap_end:] if whole is not None else await _read(reader, block.key, heap_end, size)
+    )
+    findings.bytes += size if whole is not None else len(raw_index)
     try:
-        index = parse_block_index(layout, data[heap_end:], "chunk index")
+        index = parse_block_index(layout, raw_index, "chunk index")
     except CorruptDataError as error:
-        report.add(f"{where} bytes [{heap_end}, {len(data)})", str(error))
-        return
+        findings.add(f"{where} bytes [{heap_end}, {size})", str(error))
+        findings.intact = False
+        return findings
+    good = _check_index(layout, index, present, heap_end, where, findings)
+    if len(good) < present:
+        findings.intact = False
+    bad: list[int] = []
+    offsets = index[:, 0]
+    for piece in _pieces(layout, offsets, good):
+        first_offset = int(offsets[piece[0]])
+        end_offset = int(offsets[piece[-1]]) + stored
+        if whole is not None:
+            data = whole[first_offset:end_offset]
+        elif end_offset - first_offset <= PIECE_BYTES:
+            data = await _read(reader, block.key, first_offset, end_offset)
+            findings.bytes += len(data)
+        else:  # one inner chunk larger than a piece: its crc32c, piece by piece
+            if not await _huge_chunk_ok(reader, block.key, first_offset, stored, findings):
+                bad.append(piece[0])
+            elif block.checks and findings.intact:
+                await _feed_huge_chunk(reader, block, piece[0], first_offset, findings, feed)
+            continue
+        chunks = np.frombuffer(data, dtype=np.uint8).reshape(len(piece), stored)
+        findings.chunks += len(piece)
+        piece_bad = [c for c, chunk in zip(piece, chunks, strict=True)
+                     if crc32c(chunk) != CRC32C_RESIDUE]  # fmt: skip
+        if piece_bad:
+            bad.extend(piece_bad)
+            findings.intact = False
+        if block.checks and findings.intact:
+            values = chunks[:, : layout.chunk_nbytes].reshape(-1)
+            first_row = piece[0] * layout.chunk_rows
+            keep = min(len(piece) * layout.chunk_rows, block.rows - first_row)
+            rows = values[: keep * layout.row_nbytes].view(_INT64)
+            _hand_over(block, rows, block.first_row + first_row, findings, feed)
+    for first, last in _runs(np.asarray(sorted(bad), dtype=np.int64)):
+        start, end = int(offsets[first]), int(offsets[last]) + stored
+        span = f"bytes [{start}, {end})" if layout.dense_chunks or first == last else "bytes"
+        findings.add(f"{where} {span}", f"checksum mismatch in {_chunks(first, last)}")
+    return findings
+
+
+def _hand_over(
+    block: _Block, rows: np.ndarray, first_row: int, findings: _Findings, feed: bool
+) -> None:
+    if feed:
+        report = VerifyReport(url="")  # problems of the check go to the findings
+        _feed(block, rows.copy(), report, first_row)
+        findings.problems.extend(report.problems)
+    else:
+        findings.values.append((first_row, rows.copy()))
+
+
+def _check_index(
+    layout: ArrayLayout,
+    index: np.ndarray,
+    present: int,
+    heap_end: int,
+    where: str,
+    findings: _Findings,
+) -> np.ndarray:
+    """Chunk numbers whose index entries are valid; every invalid one is reported.
+
+    Vectorised over the whole index (at most 2**22 entries), and entries of valid chunks
+    must not overlap, so checking them reads each stored byte at most once.
+    """
+    stored = layout.stored_chunk_nbytes
     offsets, sizes = index[:, 0], index[:, 1]
-    absent = offsets[present:] != MISSING
-    if absent.any():
-        extra = present + int(np.flatnonzero(absent)[0])
-        report.add(where, f"chunk index lists inner chunk {extra}, past the array's end")
-        return
-    # the rows are kept only for an offsets array, whose values are checked across blocks
-    rows = np.empty((present if block.checks else 0, layout.chunk_nbytes), dtype=np.uint8)
-    for chunk in range(present):
-        offset, size = int(offsets[chunk]), int(sizes[chunk])
-        if offsets[chunk] == MISSING:
-            report.add(where, f"inner chunk {chunk} is missing from the chunk index")
-            return
-        expected_offset = chunk * stored if layout.dense_chunks else offset
-        if size != stored or offset != expected_offset or offset + size > heap_end:
-            report.add(
-                where,
-                f"chunk index entry {chunk} is (offset {offset}, {size} bytes), expected "
-                f"({expected_offset}, {stored}) within the first {heap_end} bytes",
-            )
-            return
-        body = data[offset : offset + size]
-        report.chunks += 1
-        if crc32c(body) != CRC32C_RESIDUE:
-            report.add(
-                f"{where} bytes [{offset}, {offset + size})",
-                f"checksum mismatch in inner chunk {chunk}",
-            )
-            for check in block.checks:
-                check.broken = True
-            return
-        if block.checks:
-            rows[chunk] = np.frombuffer(body, dtype=np.uint8, count=layout.chunk_nbytes)
-    if block.checks:
-        width = layout.row_nbytes // 8
-        values = rows.reshape(-1)[: block.rows * layout.row_nbytes].view(_INT64)
-        values = values.reshape(-1, width)
-        for check in block.checks:
-            column = values[:, check.column] if check.column is not None else values[:, 0]
-            check.feed(column, report, block.first_row)
+    beyond = np.flatnonzero(offsets[present:] != MISSING) + present
+    for first, last in _runs(beyond):
+        findings.add(where, f"chunk index lists {_chunks(first, last)}, past the array's end")
+    offsets, sizes = offsets[:present], sizes[:present]
+    missing = offsets == MISSING
+    for first, last in _runs(np.flatnonzero(missing)):
+        findings.add(where, f"{_chunks(first, last)} missing from the chunk index")
+    numbers = np.arange(present, dtype=np.uint64)
+    expected = numbers * np.uint64(stored) if layout.dense_chunks else offsets
+    limit = np.uint64(max(heap_end - stored, 0))
+    wrong = ~missing & (
+        (sizes != stored) | (offsets != expected) | (offsets > limit) | (heap_end < stored)
+    )
+    for first, last in _runs(np.flatnonzero(wrong)):
+        findings.add(
+            where,
+            f"chunk index entry {first}{f'..{last}' if last > first else ''} is (offset "
+            f"{int(offsets[first])}, {int(sizes[first])} bytes), expected "
+            f"({int(expected[first])}, {stored}) within the first {heap_end} bytes",
+        )
+    good = np.flatnonzero(~missing & ~wrong)
+    if not layout.dense_chunks and len(good) > 1:
+        order = good[np.argsort(offsets[good], kind="stable")]
+        overlapping = order[1:][offsets[order[1:]] < offsets[order[:-1]] + np.uint64(stored)]
+        for chunk in overlapping[:20]:
+            findings.add(where, f"inner chunk {int(chunk)} overlaps another in the block")
+        good = np.setdiff1d(good, overlapping)
+    return good
+
+
+def _pieces(layout: ArrayLayout, offsets: np.ndarray, good: np.ndarray) -> list[list[int]]:
+    """Good chunks in chunk order, grouped into reads of at most about ``PIECE_BYTES``:
+    consecutive chunks stored back to back (any chunks, when the block was read whole)."""
+    stored = layout.stored_chunk_nbytes
+    per_piece = max(1, PIECE_BYTES // stored)
+    pieces: list[list[int]] = []
+    for chunk in (int(c) for c in good):
+        last = pieces[-1] if pieces else None
+        if (
+            last is not None
+            and len(last) < per_piece
+            and last[-1] == chunk - 1
+            and int(offsets[chunk]) == int(offsets[last[-1]]) + stored
+        ):
+            last.append(chunk)
+        else:
+            pieces.append([chunk])
+    return pieces
+
+
+async def _huge_chunk_ok(
+    reader: RangeReader, key: str, offset: int, stored: int, findings: _Findings
+) -> bool:
+    """The crc32c of one stored chunk larger than a piece, read piece by piece."""
+    crc = 0
+    for start in range(offset, offset + stored, PIECE_BYTES):
+        data = await _read(reader, key, start, min(start + PIECE_BYTES, offset + stored))
+        findings.bytes += len(data)
+        crc = google_crc32c.extend(crc, data)
+    findings.chunks += 1
+    return int(crc) == CRC32C_RESIDUE
+
+
+async def _feed_huge_chunk(
+    reader: RangeReader,
+    block: _Block,
+    chunk: int,
+    offset: int,
+    findings: _Findings,
+    feed: bool,
+) -> None:
+    """Offset values of a verified chunk larger than a piece, read again piece by piece."""
+    layout = block.layout
+    first_row = chunk * layout.chunk_rows
+    rows = min(layout.chunk_rows, block.rows - first_row)
+    step = max(1, PIECE_BYTES // layout.row_nbytes)
+    for row in range(0, rows, step):
+        count = min(step, rows - row)
+        start = offset + row * layout.row_nbytes
+        data = await _read(reader, block.key, start, start + count * layout.row_nbytes)
+        findings.bytes += len(data)
+        values = np.frombuffer(data, dtype=_INT64)
+        _hand_over(block, values, block.first_row + first_row + row, findings, feed)
 
 
 async def _get_json(reader: RangeReader, key: str) -> Any:
@@ -424,27 +648,29 @@ async def _check_array_metadata(
 
 async def _block_objects(
     store: ObjectStore, key: str, layout: ArrayLayout, length: int, report: VerifyReport
-) -> list[int]:
-    """Numbers of the array's stored blocks, in order; missing and extra ones are reported.
+) -> list[tuple[int, int]]:
+    """``(number, size)`` of the array's stored blocks, in order; missing and extra ones
+    are reported.
 
     Works from the listing, never from ``range(number of blocks)``: the length comes from
     the manifest, and a damaged one may claim more blocks than any store could hold.
     """
     expected = layout.num_blocks(length)
-    present: list[int] = []
-    for found in await store.list(f"{key}/c"):
-        number = found[len(key) + 3 :].split("/", 1)[0]
+    present: list[tuple[int, int]] = []
+    for found in await store.list_details(f"{key}/c"):
+        number = found.key[len(key) + 3 :].split("/", 1)[0]
         block = int(number) if number.isdigit() and len(number) < 20 else -1
-        if 0 <= block < expected and found == layout.block_key(key, block):
-            present.append(block)
+        if 0 <= block < expected and found.key == layout.block_key(key, block):
+            present.append((block, found.size))
         else:
             report.add(
-                store.describe(found),
+                store.describe(found.key),
                 f"object lies past the array's end ({length} rows in the manifest)",
             )
     present.sort()
     gaps = 0
-    for first, stop in zip([-1, *present], [*present, expected], strict=True):
+    numbers = [block for block, _ in present]
+    for first, stop in zip([-1, *numbers], [*numbers, expected], strict=True):
         if stop - first > 1 and gaps < MAX_REPORTED_GAPS:
             gaps += 1
             missing = layout.block_key(key, first + 1)
@@ -466,12 +692,11 @@ async def _check_index_arrays(
         where = store.describe(key)
         try:
             document = await _get_json(reader, f"{key}/zarr.json")
-            layout = ArrayLayout(
-                _INT64,
-                (),
-                int(document["codecs"][0]["configuration"]["chunk_shape"][0]),
-                int(document["chunk_grid"]["configuration"]["chunk_shape"][0]),
-            )
+            chunk_rows = int(document["codecs"][0]["configuration"]["chunk_shape"][0])
+            block_rows = int(document["chunk_grid"]["configuration"]["chunk_shape"][0])
+            if not (1 <= chunk_rows <= 1 << 28 and 1 <= block_rows <= 1 << 40):
+                raise MetadataError(f"chunks of {chunk_rows} rows in blocks of {block_rows}")
+            layout = ArrayLayout(_INT64, (), chunk_rows, block_rows)
             length = int(document["shape"][0])
         except FileNotFoundError:
             report.add(where, "index array is missing")

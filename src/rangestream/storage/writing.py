@@ -6,36 +6,53 @@ parallel) owns distinct shards and, on a clean close, records what it wrote in a
 manifest. The commit gathers the parts, checks they do not overlap, and writes the root
 ``zarr.json`` last: that single atomic put is what makes the dataset exist. A session that
 fails or is abandoned leaves the previous commit (or nothing) visible.
+
+The root is replaced only if it is still the version the commit read (a conditional put:
+S3 ``If-Match`` / ``If-None-Match``, a lock and a rename on local disk, check-then-put
+elsewhere) and read back afterwards, so of two concurrent commits the one that lost
+learns it (``CommitConflictError``) instead of reporting a success nobody can read.
+Every error a caller can cause here ends in the library's exception classes.
 """
 
 from __future__ import annotations
 
 import abc
 import contextlib
+import datetime
 import json
 import os
+import random
 import threading
 import uuid
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
 from rangestream.errors import (
+    AccessDeniedError,
+    CommitConflictError,
     CommitError,
+    ConcurrentWriteError,
     DatasetExistsError,
     InvalidShardError,
     MetadataError,
+    RangestreamError,
+    StorageError,
     WriterClosedError,
 )
 from rangestream.io.local import LocalStore
 from rangestream.io.process import io_loop, run_blocking
+from rangestream.io.retry import retrying
+from rangestream.io.retrying_store import RetryingStore
 from rangestream.io.store import ObjectStore
 from rangestream.layout.block import ArrayLayout, encode_block
+from rangestream.layout.dtypes import little_endian
 from rangestream.layout.manifest import (
+    MAX_ROOT_BYTES,
     ROOT_KEY,
     Manifest,
     data_prefix,
@@ -46,6 +63,8 @@ from rangestream.layout.zarr_json import array_document, dumps, group_document
 
 if TYPE_CHECKING:
     from rangestream.storage.base import Storage
+
+T = TypeVar("T")
 
 #: Uploads in flight per writer; bounds memory to about this many blocks.
 MAX_PENDING_UPLOADS = 8
@@ -90,6 +109,8 @@ class _ArrayWriter:
         self._blocks_written = 0
 
     def append(self, rows: np.ndarray) -> None:
+        if rows.dtype != self.layout.dtype and little_endian(rows.dtype) == self.layout.dtype:
+            rows = rows.astype(self.layout.dtype)  # stored little-endian, values equal
         data = np.ascontiguousarray(rows).view(np.uint8).reshape(-1)
         self._buffer += data.data
         self.length += data.size // self.layout.row_nbytes
@@ -159,8 +180,13 @@ class WriteSession:
         return DatasetWriter(self)
 
     def commit(self) -> Manifest:
-        """Publish everything the session's closed writers wrote, atomically."""
-        return run_blocking(self._commit())
+        """Publish everything the session's closed writers wrote, atomically.
+
+        Raises ``CommitConflictError`` if another write committed the dataset meanwhile
+        (this version is then not published), and library errors for every other failure.
+        """
+        with library_errors(f"committing {self.storage.url}"):
+            return run_blocking(self._commit())
 
     def abort(self) -> None:
         """Delete everything written under this session's commit id."""
@@ -172,13 +198,18 @@ class WriteSession:
             finally:
                 await store.aclose()
 
-        run_blocking(delete())
+        with library_errors(f"deleting the aborted write {self.storage.url}/{self.prefix}"):
+            run_blocking(delete())
 
     async def _commit(self) -> Manifest:
         storage = self.storage
         store = storage._new_write_store()
         try:
-            exists, previous = await read_committed(store)
+            old_root, version = await _read_root(store)
+            exists, previous = old_root is not None, None
+            if old_root is not None:
+                with contextlib.suppress(MetadataError):  # unreadable: replaced, not chained
+                    previous = _parse_bounded_root(old_root, store.describe(ROOT_KEY))
             if exists and not self.overwrite:
                 raise DatasetExistsError(
                     f"{storage.url} already holds a committed dataset; "
@@ -190,7 +221,8 @@ class WriteSession:
             owners: dict[int, str] = {}
             shard_lengths: dict[int, dict[str, int]] = {}
             for key in part_keys:
-                part, schema = _parse_part(await store.get(key), store.describe(key))
+                raw = await store.get_range(key, 0, MAX_ROOT_BYTES + 1)
+                part, schema = _parse_part(raw, store.describe(key))
                 if schema is not None:
                     storage = storage._bind_schema(schema, store.describe(key))
                 for shard, lengths in part.items():
@@ -207,7 +239,8 @@ class WriteSession:
                 name: np.asarray([shard_lengths[int(s)][name] for s in ids], dtype=np.int64)
                 for name in layouts
             }
-            extra: dict[str, Any] = {}
+            # when, for people (inspect); readers order versions by the chain, not by time
+            extra: dict[str, Any] = {"committed_at": _utc_now()}
             if previous is not None:
                 extra["previous_commit_id"] = previous.commit_id
             manifest = Manifest(
@@ -218,7 +251,9 @@ class WriteSession:
             await store.put(f"{self.prefix}/shards/zarr.json", dumps(group_document()))
             await _write_index_arrays(store, self.prefix, manifest)
             await storage._write_derived_index(store, manifest)
-            await store.put(ROOT_KEY, dumps(manifest.root_document()))
+            with library_errors(f"writing {store.describe(ROOT_KEY)}"):
+                root = dumps(manifest.root_document())
+                await _publish_root(store, root, version, self.commit_id)
             if previous is not None:
                 # Readers may still be on the version just replaced; the one before it goes.
                 older = previous.extra.get("previous_commit_id")
@@ -231,16 +266,141 @@ class WriteSession:
             await store.aclose()
 
 
+@contextlib.contextmanager
+def library_errors(what: str) -> Iterator[None]:
+    """Raise the library's own class for an ``OSError`` of the store (``what`` failed).
+
+    Reads already end in library errors (the range reader converts them); on the write
+    path a local ``PermissionError`` or ``NotADirectoryError``, or S3's 403 (``retrying``
+    passes permanent errors through untouched), reached the caller as a bare builtin.
+    ``AccessDeniedError`` is also a ``PermissionError``, and every ``StorageError`` an
+    ``OSError``, so code written against the builtins still catches them.
+    """
+    try:
+        yield
+    except RangestreamError:
+        raise
+    except PermissionError as error:
+        raise AccessDeniedError(f"{what} was refused: {error}") from error
+    except OSError as error:
+        raise StorageError(f"{what} failed: {error}") from error
+
+
+def keep_failure(failure: BaseException, cleanup: BaseException, leftovers: str) -> None:
+    """Make ``failure`` carry the error of its clean-up, which failed too.
+
+    The write's own failure is what its caller must see; the clean-up's becomes its
+    context (unless that already holds another error) and a note says where the
+    leftovers are.
+    """
+    if cleanup.__context__ is failure:
+        cleanup.__context__ = None  # no cycle between the two
+    if failure.__context__ is None or failure.__context__ is failure.__cause__:
+        failure.__context__ = cleanup  # the cause, if any, still tells where it came from
+    failure.add_note(
+        f"cleaning up after this failure failed too ({type(cleanup).__name__}: {cleanup}); "
+        f"the objects under {leftovers} are left for `rangestream gc`"
+    )
+
+
 async def read_committed(store: ObjectStore) -> tuple[bool, Manifest | None]:
-    """Whether a root document exists, and its manifest if it is a readable one."""
+    """Whether a root document exists, and its manifest if it is a readable one.
+
+    Reads at most ``MAX_ROOT_BYTES + 1`` bytes, as readers do: a root beyond the cap is
+    unreadable metadata, not a reason to hold gigabytes.
+    """
+    with library_errors(f"reading {store.describe(ROOT_KEY)}"):
+        try:
+            raw = await store.get_range(ROOT_KEY, 0, MAX_ROOT_BYTES + 1)
+        except FileNotFoundError:
+            return False, None
     try:
-        raw = await store.get(ROOT_KEY)
-    except FileNotFoundError:
-        return False, None
-    try:
-        return True, parse_root(raw, store.describe(ROOT_KEY))
+        return True, _parse_bounded_root(raw, store.describe(ROOT_KEY))
     except MetadataError:
         return True, None
+
+
+def _utc_now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def unwrapped(store: ObjectStore) -> ObjectStore:
+    """The store whose own methods count: a ``RetryingStore``'s inner one.
+
+    ``RetryingStore`` retries the basic calls; for conditional writes and listings with
+    sizes the inner store's implementation is the real one, retried with ``retried``.
+    """
+    return store.inner if isinstance(store, RetryingStore) else store
+
+
+async def retried(
+    store: ObjectStore, what: str, call: Callable[[], Awaitable[T]], key: str = ROOT_KEY
+) -> T:
+    """``call()`` with the retries of ``store`` if it is a ``RetryingStore``."""
+    if isinstance(store, RetryingStore):
+        where = f"{what} {store.describe(key)}"
+        return await retrying(store.policy, random.Random(), lambda _attempt: call(), where)
+    return await call()
+
+
+async def _read_root(store: ObjectStore) -> tuple[bytes | None, str | None]:
+    """The root document (at most the cap and one byte) and its version; ``None``s if absent."""
+    target = unwrapped(store)
+    try:
+        return await retried(
+            store, "get", lambda: target.get_versioned(ROOT_KEY, MAX_ROOT_BYTES + 1)
+        )
+    except FileNotFoundError:
+        return None, None
+
+
+async def _publish_root(
+    store: ObjectStore, document: bytes, version: str | None, commit_id: str
+) -> None:
+    """Write the root only over the version the commit read, and make sure it stayed.
+
+    The write is conditional (S3 ``If-Match`` / ``If-None-Match``, a lock and a rename on
+    local disk); a store without conditional writes checks, then writes. Either way the
+    root is read back: another commit that replaced this one without having seen it (a
+    store that ignores the condition, or the check-then-write race) is caught there.
+    Raises ``CommitConflictError`` naming the version that won.
+    """
+    target, refused = unwrapped(store), False
+    try:
+        await retried(
+            store,
+            "put",
+            lambda: target.put_if_version(ROOT_KEY, document, version, MAX_ROOT_BYTES + 1),
+        )
+    except ConcurrentWriteError:
+        refused = True  # or a retried write whose first attempt went through: read back
+    found, _ = await _read_root(store)
+    if found == document:
+        return
+    where = store.describe(ROOT_KEY)
+    winner = None
+    if found is not None:
+        with contextlib.suppress(MetadataError):
+            winner = _parse_bounded_root(found, where)
+    if not refused and winner is not None and winner.extra.get("previous_commit_id") == commit_id:
+        return  # committed, then replaced by a later write that saw this version
+    other = f"commit {winner.commit_id}" if winner is not None else "another write"
+    how = (
+        "while this commit ran"
+        if refused
+        else "right after this commit, without seeing it (the store has no conditional writes)"
+    )
+    raise CommitConflictError(
+        f"{where}: {other} was published {how}, so commit {commit_id} is not the dataset's "
+        f"version; its objects under {data_prefix(commit_id)}/ are left for `rangestream gc` "
+        "(or session.abort()). Write again to replace the other version."
+    )
+
+
+def _parse_bounded_root(raw: bytes, where: str) -> Manifest:
+    if len(raw) > MAX_ROOT_BYTES:
+        raise MetadataError(f"{where} is larger than the {MAX_ROOT_BYTES}-byte metadata cap")
+    return parse_root(raw, where)
 
 
 async def _write_index_arrays(store: ObjectStore, prefix: str, manifest: Manifest) -> None:
@@ -262,6 +422,8 @@ async def _write_index_arrays(store: ObjectStore, prefix: str, manifest: Manifes
 def _parse_part(raw: bytes, where: str) -> tuple[dict[int, dict[str, int]], dict[str, Any] | None]:
     """A part's shard lengths, and the schema its writer bound (``Storage._bind_record``)."""
     try:
+        if len(raw) > MAX_ROOT_BYTES:
+            raise ValueError(f"larger than the {MAX_ROOT_BYTES}-byte metadata cap")
         document = json.loads(raw)
         shards = document["shards"]
         schema = document.get("schema")
@@ -271,7 +433,7 @@ def _parse_part(raw: bytes, where: str) -> tuple[dict[int, dict[str, int]], dict
             int(shard): {str(name): int(length) for name, length in lengths.items()}
             for shard, lengths in shards.items()
         }, schema
-    except (ValueError, KeyError, TypeError, AttributeError) as error:
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as error:
         raise CommitError(f"part manifest {where} is unreadable: {error}") from error
 
 
@@ -335,14 +497,19 @@ class DatasetWriter:
                 encoder, writers = entry
                 lengths = {name: writer.length for name, writer in writers.items()}
                 rows_by_array = encoder.encode(data, lengths)
-            for name, rows in rows_by_array.items():
-                entry[1][name].append(rows)
+            with library_errors(f"writing to {self.storage.url}"):
+                for name, rows in rows_by_array.items():
+                    entry[1][name].append(rows)
 
     def close(self) -> None:
         """Upload the rest, write array metadata and this writer's part manifest."""
         if self._closed:
             return
         self._closed = True
+        with library_errors(f"writing to {self.storage.url}"):
+            self._finish()
+
+    def _finish(self) -> None:
         try:
             shards: dict[str, dict[str, int]] = {}
             for shard, (_encoder, writers) in sorted(self._shards.items()):
@@ -378,7 +545,18 @@ class DatasetWriter:
 
 
 class CommittingWriter(DatasetWriter):
-    """The single-process writer: commits on a clean exit, deletes its objects otherwise."""
+    """The single-process writer: commits on a clean exit, deletes its objects otherwise.
+
+    When the deletion fails too, the write's own failure is raised, carrying the
+    deletion's error as context; the objects left behind are found by ``rangestream gc``.
+    """
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc is None:
+            self.close()
+            return
+        super().discard()
+        self._abort_after(exc)  # the with block's exception propagates, not the abort's
 
     def close(self) -> None:
         if self._closed:
@@ -386,13 +564,19 @@ class CommittingWriter(DatasetWriter):
         try:
             super().close()
             self.session.commit()
-        except BaseException:
-            self.session.abort()
+        except BaseException as failure:
+            self._abort_after(failure)
             raise
 
     def discard(self) -> None:
         super().discard()
         self.session.abort()
+
+    def _abort_after(self, failure: BaseException) -> None:
+        try:
+            self.session.abort()
+        except Exception as cleanup:
+            keep_failure(failure, cleanup, f"{self.storage.url}/{self.session.prefix}/")
 
 
 def new_session(storage: Storage, overwrite: bool) -> WriteSession:

@@ -83,6 +83,7 @@ class FaultKind(StrEnum):
     RESET = "reset"  # TCP RST instead of any response
     TRUNCATE = "truncate"  # full Content-Length announced, part of the body sent, then close
     SLOW = "slow"  # correct response, but only after FaultConfig.slow_seconds
+    ACCESS_DENIED = "access_denied"  # 403 with an S3 <Code>AccessDenied</Code> body
 
 
 # Fixed draw order: with a seed, the same configuration always maps a draw to the same kind.
@@ -108,6 +109,7 @@ class FaultConfig:
     reset: float = 0.0
     truncate: float = 0.0
     slow: float = 0.0
+    access_denied: float = 0.0
     slow_seconds: float = 5.0
     truncate_fraction: float = 0.5
     methods: Collection[str] | None = frozenset({"GET"})
@@ -249,6 +251,7 @@ _ERROR_RESPONSES = {
         "InternalError",
         "We encountered an internal error. Please try again.",
     ),
+    FaultKind.ACCESS_DENIED: (403, "Forbidden", "AccessDenied", "Access Denied"),
 }
 
 

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from rangestream.errors import InvalidRecordError, MetadataError
+from rangestream.formats.field_values import fit_to_field
 from rangestream.layout.dtypes import dtype_from_json, dtype_to_json
 
 __all__ = [
@@ -150,7 +151,13 @@ def _check_field_name(name: Any) -> None:
 
 def _as_array(name: str, value: Any) -> np.ndarray:
     """A field's value as a numpy array (torch tensors are converted), checked for kind."""
-    if not isinstance(value, np.ndarray):
+    if isinstance(value, (list, tuple)):
+        # a later record's list is converted to the schema's dtype in TemporalSchema.check
+        try:
+            value = np.asarray(value)
+        except ValueError as error:  # ragged nesting
+            raise InvalidRecordError(f"field {name!r}: {error}") from error
+    elif not isinstance(value, np.ndarray):
         module = type(value).__module__ or ""
         if module.split(".")[0] == "torch" and hasattr(value, "detach"):
             try:
@@ -162,7 +169,8 @@ def _as_array(name: str, value: Any) -> np.ndarray:
                 ) from error
         else:
             raise InvalidRecordError(
-                f"field {name!r} must be a numpy array or torch tensor, got {type(value).__name__}"
+                f"field {name!r} must be a numpy array, a torch tensor or a list, got "
+                f"{type(value).__name__}"
             )
     dtype = value.dtype
     if dtype.hasobject or dtype.fields is not None or dtype.kind not in _FIELD_KINDS:
@@ -391,6 +399,10 @@ class TemporalSchema:
         arrays, frames = record_arrays(record)
         for name, array in arrays.items():
             spec = self.by_name[name]
+            if _little(array.dtype) != spec.dtype and isinstance(record[name], (list, tuple)):
+                # values given as a list take the field's dtype if every one fits it
+                array = fit_to_field(array, spec.dtype, name).astype(spec.dtype, copy=False)
+                arrays[name] = array
             if _little(array.dtype) != spec.dtype:
                 raise InvalidRecordError(
                     f"field {name!r}: expected dtype {_describe_dtype(spec.dtype)}, "
