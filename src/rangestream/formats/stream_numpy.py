@@ -8,6 +8,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from rangestream.errors import InvalidRecordError
+from rangestream.formats.casting import cast_fitting
 from rangestream.layout.dtypes import check_plain_dtype
 from rangestream.types import StreamStorageFormat, Vector
 
@@ -59,11 +60,8 @@ class StreamNumpyFormat(StreamStorageFormat[DataT, DataT, Any], Generic[DataT]):
                     f"field {name!r} has {len(column)} elements, expected {length}"
                 )
             expected = self.stream_dtype.fields[name][0]  # type: ignore[index]
-            if not np.can_cast(column.dtype, expected, casting="same_kind"):
-                raise InvalidRecordError(
-                    f"field {name!r} has dtype {column.dtype}, expected {expected}"
-                )
-            columns[name] = column
+            # the values are checked too: same_kind alone lets 2**31 wrap into <i4
+            columns[name] = cast_fitting(column, expected, f"field {name!r}")
         out = np.empty(length or 0, dtype=self.stream_dtype)
         for name, column in columns.items():
             out[name] = column
