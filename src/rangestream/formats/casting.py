@@ -21,19 +21,20 @@ __all__ = ["cast_fitting"]
 def cast_fitting(values: np.ndarray, dtype: np.dtype[Any], what: str) -> np.ndarray:
     """``values`` as ``dtype``, or ``InvalidRecordError`` if a value would change.
 
-    Casts within a kind or to a wider kind are allowed (numpy's ``same_kind``); integers
-    must then lie in the target's range, and floats may lose precision but not overflow
-    to infinity. Anything else (floats into integers, numbers into bools) is refused by
-    kind, whatever the values.
+    Integers (signed, unsigned or bool) go into any integer dtype whose range holds every
+    value. Other casts must stay within a kind or widen it (numpy's ``same_kind``), and
+    floats may lose precision but not overflow to infinity. Anything else (floats into
+    integers, numbers into bools) is refused by kind, whatever the values.
     """
     source = values.dtype
     if source == dtype:
         return values
-    if not np.can_cast(source, dtype, casting="same_kind"):
+    integers = dtype.kind in "iu" and source.kind in "iub"
+    if not integers and not np.can_cast(source, dtype, casting="same_kind"):
         raise InvalidRecordError(f"{what} has dtype {source}, which cannot be stored as {dtype}")
     if np.can_cast(source, dtype, casting="safe") or values.size == 0:
         return values.astype(dtype)
-    if dtype.kind in "iu" and source.kind in "iub":
+    if integers:  # signed and unsigned alike: the values decide
         info = np.iinfo(dtype)
         low, high = values.min(), values.max()
         if int(low) < info.min or int(high) > info.max:

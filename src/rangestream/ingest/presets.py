@@ -48,6 +48,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from rangestream.errors import BadInputError
+from rangestream.formats.casting import cast_fitting
 from rangestream.formats.records import RecordField, RecordFormat
 from rangestream.formats.stream_numpy import StreamNumpyFormat
 from rangestream.ingest.chat import normalize_messages
@@ -128,6 +129,10 @@ class Preset(abc.ABC):
         self.fields = fields
         self.limits = limits
         self.tokens = token_dtype(tokenizer.vocab_size)
+
+    def _ids(self, ids: np.ndarray, row: Row) -> np.ndarray:
+        """Token ids in the stored dtype; an id that does not fit is refused, not wrapped."""
+        return cast_fitting(ids, self.tokens, f"{row.where}: token ids of {self.tokenizer.name}")
 
     @abc.abstractmethod
     def columns(self) -> list[str]:
@@ -237,8 +242,8 @@ class SeqPreset(Preset):
             if not len(ids):
                 out.append(Outcome(row, [], f"{row.where}: empty document"))
                 continue
-            sequence = np.empty(len(ids) + 1, dtype=ids.dtype)
-            sequence[:-1] = ids
+            sequence = np.empty(len(ids) + 1, dtype=self.tokens)
+            sequence[:-1] = self._ids(ids, row)
             sequence[-1] = eos
             try:
                 records = self._fit({"sequence": sequence}, row)
@@ -258,17 +263,20 @@ class SftPreset(Preset):
     keys = ("sequence", "loss_mask", "position_ids")
     splittable = True
 
+    def __init__(self, tokenizer: Tokenizer, fields: Fields, limits: Limits) -> None:
+        super().__init__(tokenizer, fields, limits)
+        # every record is at most max_len long when max_len is given (longer ones are
+        # refused, truncated or split), so positions fit the dtype of max_len - 1
+        limit = limits.max_len
+        self.positions = token_dtype(limit) if limit is not None else np.dtype("<u4")
+
     def columns(self) -> list[str]:
         return [self.fields.messages]
 
     def storage_format(self) -> StreamNumpyFormat[Any]:
-        # every record is at most max_len long when max_len is given (longer ones are
-        # refused, truncated or split), so positions fit the dtype of max_len - 1
-        limit = self.limits.max_len
-        positions = token_dtype(limit) if limit is not None else np.dtype("<u4")
         return StreamNumpyFormat(
             np.dtype(
-                [("sequence", self.tokens), ("loss_mask", "u1"), ("position_ids", positions)]
+                [("sequence", self.tokens), ("loss_mask", "u1"), ("position_ids", self.positions)]
             )
         )
 
@@ -297,13 +305,14 @@ class SftPreset(Preset):
             if not len(ids):
                 out.append(Outcome(row, [], f"{row.where}: empty document"))
                 continue
+            ids = self._ids(ids, row)
             try:
                 pieces = self._fit({"sequence": ids, "loss_mask": mask}, row)
             except BadInputError as error:
                 out.append(Outcome(row, [], str(error)))
                 continue
             records = [
-                {**piece, "position_ids": np.arange(len(piece["sequence"]), dtype=np.int64)}
+                {**piece, "position_ids": np.arange(len(piece["sequence"]), dtype=self.positions)}
                 for piece in pieces
             ]
             out.append(
@@ -400,7 +409,7 @@ class DpoPreset(Preset):
                         mask = np.append(mask, 1).astype(np.uint8)
                     if not mask.any():
                         raise BadInputError(f"{row.where}: the {key} answer is empty")
-                    ids = self._truncated(ids, row, key)
+                    ids = self._truncated(self._ids(ids, row), row, key)
                     record[key] = ids
                     record[f"{key}_mask"] = mask[: len(ids)]
             except BadInputError as error:
@@ -481,7 +490,7 @@ class GrpoPreset(Preset):
             try:
                 if not len(prompt_ids):
                     raise BadInputError(f"{row.where}: empty prompt")
-                prompt_ids = self._truncated(prompt_ids, row, "the prompt")
+                prompt_ids = self._truncated(self._ids(prompt_ids, row), row, "the prompt")
                 room = None if self.limits.max_len is None else self.limits.max_len - len(prompt_ids)
                 responses, masks = [], []
                 for number, (ids, mask) in enumerate(answers):
@@ -498,7 +507,7 @@ class GrpoPreset(Preset):
                                 f"max_len={self.limits.max_len}"
                             )
                         ids, mask = ids[:room], mask[:room]
-                    responses.append(ids)
+                    responses.append(self._ids(ids, row))
                     masks.append(mask)
             except BadInputError as error:
                 out.append(Outcome(row, [], str(error)))
