@@ -1,41 +1,19 @@
-"""Tokenizers and corpora the ingestion tests build themselves (nothing is downloaded).
+"""Tokenizers the ingestion tests build themselves (nothing is downloaded).
 
 A byte-level BPE is trained on a generated corpus with ``tokenizers``; the ChatML-style
-template below is written here. Special tokens are added tokens, so the tokenizer splits
+template is written by ``corpus``. Special tokens are added tokens, so the tokenizer splits
 the text at them before BPE runs: tests compute ground truth by encoding the pieces between
-them separately.
+them separately (``truth``).
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+from typing import Any
 
-import numpy as np
 import pytest
 
-WORDS = (
-    "the a data stream token shard block window range read write zarr object store "
-    "train model loss mask answer question why how fast small large über café naïve 数据 "
-    "1 2 3 42 3.14 , . ! ? ; : ( ) - 'quoted' \"double\""
-).split()
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-CHATML = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
-
-
-def sentence(rng: np.random.Generator, words: int) -> str:
-    picked = rng.choice(len(WORDS), size=words)
-    return " ".join(WORDS[i] for i in picked)
-
-
-def make_texts(count: int, seed: int = 0) -> list[str]:
-    rng = np.random.default_rng(seed)
-    return [sentence(rng, int(rng.integers(1, 60))) for _ in range(count)]
+from ingest.corpus import CHATML, SPECIALS, make_texts
 
 
 @pytest.fixture(scope="session")
@@ -71,12 +49,7 @@ def tokenizer_json(tokenizer_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def rust_tokenizer(tokenizer_json: Path):  # type: ignore[no-untyped-def]
+def rust_tokenizer(tokenizer_json: Path) -> Any:
     from tokenizers import Tokenizer
 
     return Tokenizer.from_file(str(tokenizer_json))
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
-    return path

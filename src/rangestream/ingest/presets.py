@@ -242,9 +242,10 @@ class SeqPreset(Preset):
             if not len(ids):
                 out.append(Outcome(row, [], f"{row.where}: empty document"))
                 continue
-            sequence = np.empty(len(ids) + 1, dtype=self.tokens)
-            sequence[:-1] = self._ids(ids, row)
+            sequence = np.empty(len(ids) + 1, dtype=ids.dtype)
+            sequence[:-1] = ids
             sequence[-1] = eos
+            sequence = self._ids(sequence, row)
             try:
                 records = self._fit({"sequence": sequence}, row)
             except BadInputError as error:
@@ -282,7 +283,9 @@ class SftPreset(Preset):
 
     def _render(self, row: Row) -> tuple[str, list[tuple[int, int]]]:
         template = self.tokenizer.require_chat_template()
-        messages = self._messages(row, self._field(row, self.fields.messages))
+        messages = normalize_messages(
+            self._field(row, self.fields.messages), self.fields.role, self.fields.content, str(row.where)
+        )
         text, spans = template.assistant_spans(messages)
         if not spans:
             raise BadInputError(f"{row.where}: no assistant message to train on")
