@@ -10,13 +10,13 @@ from rangestream.errors import RangestreamError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from rangestream.cli import demo, inspect, verify
+    from rangestream.cli import convert, demo, inspect, verify
 
     parser = argparse.ArgumentParser(
         prog="rangestream", description="Stream training data out of object storage."
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    for module in (demo, inspect, verify):
+    for module in (convert, demo, inspect, verify):
         module.register(commands)
     arguments = parser.parse_args(argv)
     try:
