@@ -25,7 +25,6 @@ import json
 import multiprocessing
 import os
 import platform
-import resource
 import shlex
 import shutil
 import statistics
@@ -61,7 +60,7 @@ def corpus(size_mb: int) -> Path:
         return path
     INGEST_DIR.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(SEED)
-    vocabulary = np.array(_words(rng, 20_000) + [",", ".", "!", "?", "the", "a", "of", "and"])
+    vocabulary = np.array([*_words(rng, 20_000), ",", ".", "!", "?", "the", "a", "of", "and"])
     target = size_mb * 1_000_000
     written = 0
     partial = path.with_suffix(".partial")
@@ -154,7 +153,9 @@ def _ceiling_task(split: tuple[str, int, int], include_read: bool) -> tuple[floa
         began = time.time()
     tokens = 0
     for a in range(0, len(texts), BATCH_ROWS):
-        for encoding in _model.encode_batch_fast(texts[a : a + BATCH_ROWS], add_special_tokens=False):
+        for encoding in _model.encode_batch_fast(
+            texts[a : a + BATCH_ROWS], add_special_tokens=False
+        ):
             tokens += len(encoding.ids)
     return began, time.time(), tokens
 
@@ -217,7 +218,9 @@ def _lit_tokenize(split: tuple[str, int, int]) -> Any:
     eos = _lit_model.token_to_id("<|endoftext|>")
     texts = _texts(split)
     for a in range(0, len(texts), BATCH_ROWS):
-        for encoding in _lit_model.encode_batch_fast(texts[a : a + BATCH_ROWS], add_special_tokens=False):
+        for encoding in _lit_model.encode_batch_fast(
+            texts[a : a + BATCH_ROWS], add_special_tokens=False
+        ):
             ids = np.empty(len(encoding.ids) + 1, dtype=np.int32)
             ids[:-1] = encoding.ids
             ids[-1] = eos
@@ -329,7 +332,9 @@ def report(results: dict[str, Any], out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks ingest", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks ingest", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--size-mb", type=int, default=100, help="corpus for the speed rows")
     parser.add_argument("--rss-sizes-mb", default="100,400", help="corpora for peak RSS")
     parser.add_argument("--workers", type=int, default=2)
@@ -343,7 +348,9 @@ def main(argv: list[str] | None = None) -> int:
         documents = sum(1 for _ in handle)
     results: dict[str, Any] = {
         "command": command.strip(),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "machine": (
+            f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+        ),
         "workers": args.workers,
         "corpus_mb": args.size_mb,
         "documents": documents,
@@ -355,14 +362,22 @@ def main(argv: list[str] | None = None) -> int:
     }
     for repeat in range(args.repeats):
         results["ceiling"].append(ceiling(path, tokenizer_path, args.workers, include_read=False))
-        results["ceiling_read"].append(ceiling(path, tokenizer_path, args.workers, include_read=True))
+        results["ceiling_read"].append(
+            ceiling(path, tokenizer_path, args.workers, include_read=True)
+        )
         results["convert"].append(
             run_convert(path, tokenizer_path, args.workers, INGEST_DIR / "out-rangestream")
         )
         results["litdata"].append(
             run_litdata(path, tokenizer_path, args.workers, INGEST_DIR / "out-litdata")
         )
-        print(f"repeat {repeat}: " + json.dumps({k: results[k][-1] for k in ("ceiling", "ceiling_read", "convert", "litdata")}), flush=True)
+        print(
+            f"repeat {repeat}: "
+            + json.dumps(
+                {k: results[k][-1] for k in ("ceiling", "ceiling_read", "convert", "litdata")}
+            ),
+            flush=True,
+        )
     for size in (int(s) for s in args.rss_sizes_mb.split(",")):
         results["rss"][str(size)] = peak_rss(
             corpus(size), tokenizer_path, args.workers, INGEST_DIR / f"out-rss-{size}"

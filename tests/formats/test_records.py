@@ -13,7 +13,12 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from rangestream import DocumentStorage
-from rangestream.errors import CorruptDataError, InvalidRecordError, MetadataError, UnknownFieldError
+from rangestream.errors import (
+    CorruptDataError,
+    InvalidRecordError,
+    MetadataError,
+    UnknownFieldError,
+)
 from rangestream.formats.records import RecordField, RecordFormat
 
 DTYPES = [
@@ -28,8 +33,10 @@ DTYPES = [
 def equal(got: Any, want: Any) -> bool:
     """Same nesting, same values (NaN equal to NaN), dtype equal up to byte order."""
     if isinstance(want, list):
-        return isinstance(got, list) and len(got) == len(want) and all(
-            equal(g, w) for g, w in zip(got, want, strict=True)
+        return (
+            isinstance(got, list)
+            and len(got) == len(want)
+            and all(equal(g, w) for g, w in zip(got, want, strict=True))
         )
     want = np.asarray(want)
     got_array = np.asarray(got)
@@ -68,7 +75,9 @@ def records(draw: st.DrawFn) -> tuple[RecordFormat, dict[str, Any]]:
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(records())
-def test_every_dtype_and_nesting_level_round_trips(case: tuple[RecordFormat, dict[str, Any]]) -> None:
+def test_every_dtype_and_nesting_level_round_trips(
+    case: tuple[RecordFormat, dict[str, Any]],
+) -> None:
     fmt, record = case
     decoded = fmt.unpack(fmt.pack(record), 0)
     assert list(decoded) == list(record)
@@ -99,7 +108,9 @@ def test_decoding_a_subset_of_keys_reads_only_their_spans(
 
 @settings(max_examples=100, deadline=None)
 @given(records())
-def test_the_schema_round_trips_through_json_and_pickle(case: tuple[RecordFormat, dict[str, Any]]) -> None:
+def test_the_schema_round_trips_through_json_and_pickle(
+    case: tuple[RecordFormat, dict[str, Any]],
+) -> None:
     import json
 
     fmt, _ = case
@@ -131,8 +142,12 @@ def test_the_schema_is_inferred_from_a_record() -> None:
 
 
 def test_the_byte_layout_is_the_documented_one() -> None:
-    fmt = RecordFormat([RecordField("a", np.dtype("<u2")), RecordField("b", np.dtype("u1"), depth=1)])
-    encoded = fmt.pack({"a": np.array([7, 8, 9], "<u2"), "b": [np.array([1], "u1"), np.array([], "u1")]})
+    fmt = RecordFormat(
+        [RecordField("a", np.dtype("<u2")), RecordField("b", np.dtype("u1"), depth=1)]
+    )
+    encoded = fmt.pack(
+        {"a": np.array([7, 8, 9], "<u2"), "b": [np.array([1], "u1"), np.array([], "u1")]}
+    )
     header = 8 + 8 * 2
     magic, count = struct.unpack_from("<4sI", encoded, 0)
     ends = struct.unpack_from("<2Q", encoded, 8)
@@ -180,7 +195,7 @@ def test_missing_or_extra_keys_are_refused() -> None:
 
 def test_an_unknown_key_is_named_with_the_known_ones() -> None:
     fmt = RecordFormat([RecordField("a", np.dtype("<i4"))])
-    with pytest.raises(UnknownFieldError, match="'zz'.*\\['a'\\]"):
+    with pytest.raises(UnknownFieldError, match=r"'zz'.*\['a'\]"):
         fmt.unpack_keys(fmt.pack({"a": np.arange(2)}), ["zz"])
 
 
@@ -211,9 +226,21 @@ def test_damaged_bytes_raise_corrupt_data_never_anything_else(
     "schema",
     [
         {"format": "pickle", "version": 1, "fields": []},
-        {"format": "records", "version": 2, "fields": [{"name": "a", "dtype": "<i4", "ndim": 1, "depth": 0}]},
-        {"format": "records", "version": 1, "fields": [{"name": "a", "dtype": "|O", "ndim": 1, "depth": 0}]},
-        {"format": "records", "version": 1, "fields": [{"name": "a", "dtype": "<i4", "ndim": 99, "depth": 0}]},
+        {
+            "format": "records",
+            "version": 2,
+            "fields": [{"name": "a", "dtype": "<i4", "ndim": 1, "depth": 0}],
+        },
+        {
+            "format": "records",
+            "version": 1,
+            "fields": [{"name": "a", "dtype": "|O", "ndim": 1, "depth": 0}],
+        },
+        {
+            "format": "records",
+            "version": 1,
+            "fields": [{"name": "a", "dtype": "<i4", "ndim": 99, "depth": 0}],
+        },
         {"format": "records", "version": 1, "fields": [{"name": "a", "dtype": "<i4", "ndim": 1}]},
         {"format": "records", "version": 1, "fields": "a"},
     ],
@@ -232,7 +259,9 @@ def test_records_round_trip_through_document_storage(tmp_path: Any) -> None:
     want = [
         {
             "tokens": rng.integers(0, 60000, int(rng.integers(0, 50))).astype("<u2"),
-            "responses": [rng.integers(0, 9, int(rng.integers(0, 5))).astype("<u2") for _ in range(i % 4)],
+            "responses": [
+                rng.integers(0, 9, int(rng.integers(0, 5))).astype("<u2") for _ in range(i % 4)
+            ],
             "reward": np.float32(i / 3),
         }
         for i in range(40)

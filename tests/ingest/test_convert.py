@@ -10,12 +10,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from support.corpus import make_texts, write_jsonl
 from support.s3 import Location
 
-from ingest import truth
-from ingest.corpus import make_texts, write_jsonl
-
 import rangestream
+from ingest import truth
 from rangestream import DocumentStorage, StreamStorage
 from rangestream.errors import BadInputError, InvalidRecordError, ResumeError
 
@@ -285,7 +284,9 @@ def test_a_bad_line_fails_with_its_file_and_line_and_commits_nothing(
         rangestream.convert(
             str(path), tmp_path / "out", preset="seq", tokenizer="bytes", workers=0, progress=False
         )
-    assert not StreamStorage(tmp_path / "out", rangestream.StreamNumpyFormat(np.dtype([("sequence", "<u2")]))).exists()
+    assert not StreamStorage(
+        tmp_path / "out", rangestream.StreamNumpyFormat(np.dtype([("sequence", "<u2")]))
+    ).exists()
 
 
 def test_a_bad_line_in_a_later_byte_range_split_names_its_line_in_the_file(tmp_path: Path) -> None:
@@ -323,7 +324,7 @@ def test_unknown_roles_and_conversations_without_an_answer_are_bad_rows(
         {"messages": "not a list"},
         {"messages": [{"from": "human", "value": "sharegpt"}]},
     ]
-    with pytest.raises(BadInputError, match="in.jsonl:1: message 1 has unknown role 'robot'"):
+    with pytest.raises(BadInputError, match=r"in\.jsonl:1: message 1 has unknown role 'robot'"):
         rangestream.convert(
             str(write_jsonl(tmp_path / "in.jsonl", rows)), tmp_path / "out", preset="sft",
             tokenizer=tokenizer_dir / "hf", workers=0, progress=False,
@@ -349,8 +350,9 @@ def test_sharegpt_field_and_role_names_are_configurable(
         tokenizer=tokenizer_dir / "hf", workers=0, progress=False,
         fields={"messages": "conversations", "role": "from", "content": "value"},
     )  # fmt: skip
-    (want_ids, want_mask), = truth.sft(
-        rust_tokenizer, [[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo ."}]]
+    ((want_ids, want_mask),) = truth.sft(
+        rust_tokenizer,
+        [[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo ."}]],
     )
     got = stream_of(summary.storage)
     assert got["sequence"].tolist() == want_ids.tolist()
@@ -421,9 +423,10 @@ def test_resume_after_a_failure_reuses_the_splits_already_written(
     assert summary.splits_skipped > 0
     assert summary.splits_skipped + len(summary.results) == summary.splits
     good = [r["text"] for i, r in enumerate(rows) if i != 45]
-    assert stream_of(summary.storage)["sequence"].tolist() == np.concatenate(
-        truth.seq(rust_tokenizer, good)
-    ).tolist()
+    assert (
+        stream_of(summary.storage)["sequence"].tolist()
+        == np.concatenate(truth.seq(rust_tokenizer, good)).tolist()
+    )
     assert summary.rejected == 1
     assert not (tmp_path / "out" / "in_progress").exists()
 

@@ -12,16 +12,18 @@ from typing import Any
 
 import cloudpickle
 import numpy as np
+from support.corpus import make_texts, write_jsonl
 
 import rangestream
-from ingest.corpus import make_texts, write_jsonl
 from rangestream import DocumentStorage
 from rangestream.formats.records import RecordField, RecordFormat
 
 # Dask workers are separate processes that cannot import this test module by name.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-RECORDS = RecordFormat([RecordField("ids", np.dtype("<i8")), RecordField("index", np.dtype("<i8"), 0)])
+RECORDS = RecordFormat(
+    [RecordField("ids", np.dtype("<i8")), RecordField("index", np.dtype("<i8"), 0)]
+)
 
 
 def record(index: int) -> dict[str, Any]:

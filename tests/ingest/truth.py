@@ -51,7 +51,9 @@ def seq(tokenizer: Any, texts: list[str]) -> list[np.ndarray]:
     return [np.asarray([*encode(tokenizer, t), eos_id(tokenizer)]) for t in texts]
 
 
-def sft(tokenizer: Any, conversations: list[list[dict[str, str]]]) -> list[tuple[np.ndarray, np.ndarray]]:
+def sft(
+    tokenizer: Any, conversations: list[list[dict[str, str]]]
+) -> list[tuple[np.ndarray, np.ndarray]]:
     out = []
     for messages in conversations:
         pieces = [piece for m in messages for piece in turn(m["role"], m["content"])]

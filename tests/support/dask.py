@@ -16,12 +16,15 @@ def dask_client() -> Iterator[Any]:
     a killed worker is restarted and its task retried, as on a real cluster."""
     from distributed import Client, LocalCluster
 
-    with LocalCluster(
-        n_workers=2,
-        threads_per_worker=1,
-        processes=True,
-        host="127.0.0.1",
-        dashboard_address=None,
-        silence_logs=40,
-    ) as cluster, Client(cluster) as client:
+    with (
+        LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address=None,
+            silence_logs=40,
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         yield client

@@ -16,14 +16,20 @@ def register(commands: Any) -> None:
         "convert",
         help="tokenize JSONL, Parquet or text files into a dataset (presets seq, sft, dpo, grpo)",
     )
-    parser.add_argument("inputs", nargs="+", metavar="INPUT", help="files, globs, directories or URLs")
+    parser.add_argument(
+        "inputs", nargs="+", metavar="INPUT", help="files, globs, directories or URLs"
+    )
     parser.add_argument("--to", dest="url", required=True, help="dataset URL to write")
     parser.add_argument("--preset", required=True, choices=sorted(PRESETS))
     parser.add_argument(
-        "--tokenizer", required=True, help="'bytes', a tokenizer.json or a local tokenizer directory"
+        "--tokenizer",
+        required=True,
+        help="'bytes', a tokenizer.json or a local tokenizer directory",
     )
     parser.add_argument("--workers", type=int, help="worker processes (default: the usable cores)")
-    parser.add_argument("--scheduler", help="run the tasks on this Dask scheduler (tcp://host:port)")
+    parser.add_argument(
+        "--scheduler", help="run the tasks on this Dask scheduler (tcp://host:port)"
+    )
     parser.add_argument(
         "--endpoint-url",
         help="S3-compatible endpoint (MinIO, SeaweedFS) for the inputs and the output; "

@@ -190,8 +190,7 @@ class RecordFormat(DocumentStorageFormat[Mapping[str, Any], dict[str, Any]]):
             raise MetadataError(f"{where} is not a {FORMAT_NAME!r} schema: {value!r:.200}")
         if value.get("version") != FORMAT_VERSION:
             raise MetadataError(
-                f"{where} has version {value.get('version')!r}; this library reads "
-                f"{FORMAT_VERSION}"
+                f"{where} has version {value.get('version')!r}; this library reads {FORMAT_VERSION}"
             )
         fields = value.get("fields")
         if not isinstance(fields, list) or not 0 < len(fields) <= MAX_FIELDS:
@@ -239,7 +238,9 @@ class RecordFormat(DocumentStorageFormat[Mapping[str, Any], dict[str, Any]]):
         return bytes(out)
 
     # -- decoding -------------------------------------------------------------------------
-    def field_spans(self, header: StorageBufferTypes, size: int | None = None) -> dict[str, tuple[int, int]]:
+    def field_spans(
+        self, header: StorageBufferTypes, size: int | None = None
+    ) -> dict[str, tuple[int, int]]:
         """Each field's ``[start, stop)`` byte range in its record, from the record's header.
 
         ``header`` is at least the first ``header_nbytes`` bytes of an encoded record;
@@ -253,7 +254,9 @@ class RecordFormat(DocumentStorageFormat[Mapping[str, Any], dict[str, Any]]):
             )
         magic, count = _HEADER.unpack_from(view, 0)
         if magic != MAGIC:
-            raise CorruptDataError(f"not an encoded record (magic {bytes(magic)!r}, expected {MAGIC!r})")
+            raise CorruptDataError(
+                f"not an encoded record (magic {bytes(magic)!r}, expected {MAGIC!r})"
+            )
         if count != len(self.fields):
             raise CorruptDataError(
                 f"an encoded record has {count} fields, the schema has {len(self.fields)}"
@@ -278,7 +281,9 @@ class RecordFormat(DocumentStorageFormat[Mapping[str, Any], dict[str, Any]]):
         if index is None:
             from rangestream.errors import UnknownFieldError
 
-            raise UnknownFieldError(f"no field {name!r} in the record schema; fields are {list(self.names)}")
+            raise UnknownFieldError(
+                f"no field {name!r} in the record schema; fields are {list(self.names)}"
+            )
         spec = self.fields[index]
         view = memoryview(section).cast("B")
         return _decode(view, spec, spec.depth, f"field {name!r}")
@@ -347,7 +352,9 @@ def _as_array(value: Any, what: str) -> np.ndarray:
 
 
 # -- encoding -------------------------------------------------------------------------------
-def _encode(out: bytearray, section_start: int, value: Any, spec: RecordField, depth: int, what: str) -> None:
+def _encode(
+    out: bytearray, section_start: int, value: Any, spec: RecordField, depth: int, what: str
+) -> None:
     if depth == 0:
         array = _as_array(value, what)
         if array.ndim != spec.ndim:
@@ -385,7 +392,9 @@ def _decode(view: memoryview, spec: RecordField, depth: int, what: str) -> Any:
         itemsize = spec.dtype.itemsize
         if spec.ndim == 0:
             if size != itemsize:
-                raise CorruptDataError(f"{what}: a scalar of {spec.dtype} is {itemsize} bytes, got {size}")
+                raise CorruptDataError(
+                    f"{what}: a scalar of {spec.dtype} is {itemsize} bytes, got {size}"
+                )
             return np.frombuffer(view, dtype=spec.dtype)[0].copy()
         head = 8 * spec.ndim
         if size < head:

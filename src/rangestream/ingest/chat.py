@@ -65,7 +65,9 @@ class ChatTemplate:
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.source, self.variables))
 
-    def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = False) -> str:
+    def render(
+        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = False
+    ) -> str:
         """The conversation as text, as the model sees it."""
         from jinja2 import TemplateError
 
@@ -80,7 +82,9 @@ class ChatTemplate:
         except TemplateError as error:
             raise BadInputError(f"the chat template failed: {error}") from error
 
-    def assistant_spans(self, messages: Sequence[Mapping[str, Any]]) -> tuple[str, list[tuple[int, int]]]:
+    def assistant_spans(
+        self, messages: Sequence[Mapping[str, Any]]
+    ) -> tuple[str, list[tuple[int, int]]]:
         """The rendered conversation and the ``[start, stop)`` characters of each assistant turn."""
         text = self.render(messages)
         spans = []
@@ -136,9 +140,7 @@ def normalize_messages(
                 f"(known: {', '.join(sorted(KNOWN_ROLES))}, or {', '.join(ROLE_ALIASES)})"
             )
         if not isinstance(content, str):
-            raise BadInputError(
-                f"{where}: message {number} has no text in field {content_field!r}"
-            )
+            raise BadInputError(f"{where}: message {number} has no text in field {content_field!r}")
         out.append({"role": role, "content": content})
     return out
 

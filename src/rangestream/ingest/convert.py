@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Executor
-from dataclasses import asdict, fields as dataclass_fields
+from dataclasses import asdict
+from dataclasses import fields as dataclass_fields
 from typing import Any
 
 from rangestream.ingest.inputs import (
@@ -162,7 +163,11 @@ def convert(
     url = os.fspath(url)
     loaded = load_tokenizer(tokenizer, eos_token=eos_token, chat_template=chat_template)
     chosen = get_preset(preset, loaded, _fields(fields), Limits(max_len, too_long))
-    in_options = dict(storage_options or {}) if input_storage_options is None else dict(input_storage_options)
+    in_options = (
+        dict(storage_options or {})
+        if input_storage_options is None
+        else dict(input_storage_options)
+    )
     sources = open_inputs(inputs, in_options, input_format)
     splits = [
         split

@@ -18,6 +18,7 @@ import abc
 import glob as globbing
 import gzip
 import io
+import itertools
 import json
 import os
 from collections.abc import Iterator, Sequence
@@ -160,7 +161,12 @@ class FileSource(Source):
         return raw
 
     def fingerprint(self) -> dict[str, Any]:
-        return {"url": self.url, "format": self.format, "size": self.size, "modified": self.modified}
+        return {
+            "url": self.url,
+            "format": self.format,
+            "size": self.size,
+            "modified": self.modified,
+        }
 
     def splits(self, number: int, split_bytes: int, split_rows: int) -> list[Split]:
         if self.format == "parquet":
@@ -178,8 +184,7 @@ class FileSource(Source):
         count = -(-self.size // split_bytes)
         bounds = [self.size * k // count for k in range(count + 1)]
         return [
-            Split(number, a, b, f"{self.url} bytes {a}..{b}")
-            for a, b in zip(bounds, bounds[1:], strict=False)
+            Split(number, a, b, f"{self.url} bytes {a}..{b}") for a, b in itertools.pairwise(bounds)
         ]
 
     def rows(self, split: Split, columns: Sequence[str]) -> Iterator[Row]:
@@ -208,9 +213,7 @@ class FileSource(Source):
                 number += 1
                 if not line.strip():
                     continue
-                where = (
-                    f"{self.url}:{number}" if first == 0 else _LineInSplit(self, first, number)
-                )
+                where = f"{self.url}:{number}" if first == 0 else _LineInSplit(self, first, number)
                 yield _parse_json_line(line, where)
 
     def _line_of(self, offset: int) -> int:
@@ -273,7 +276,9 @@ def _parse_json_line(line: bytes, where: str | _LineInSplit) -> Row:
         return Row(where, error=f"malformed JSON: {error}", raw=text[:RAW_SHOWN])
     if not isinstance(value, dict):
         return Row(
-            where, error=f"a JSON object was expected, got {type(value).__name__}", raw=text[:RAW_SHOWN]
+            where,
+            error=f"a JSON object was expected, got {type(value).__name__}",
+            raw=text[:RAW_SHOWN],
         )
     return Row(where, value, raw=text[:RAW_SHOWN])
 
@@ -294,7 +299,10 @@ class DatasetSource(Source):
     def fingerprint(self) -> dict[str, Any]:
         if self._iterable():
             return {"iterable": repr(self.dataset), "shards": int(self.dataset.num_shards)}
-        return {"fingerprint": getattr(self.dataset, "_fingerprint", None), "rows": len(self.dataset)}
+        return {
+            "fingerprint": getattr(self.dataset, "_fingerprint", None),
+            "rows": len(self.dataset),
+        }
 
     def splits(self, number: int, split_bytes: int, split_rows: int) -> list[Split]:
         if self._iterable():
@@ -341,7 +349,9 @@ def open_inputs(
     given, and that order is the output's record order.
     """
     options = dict(storage_options or {})
-    items = [inputs] if isinstance(inputs, (str, os.PathLike)) or _is_dataset(inputs) else list(inputs)
+    items = (
+        [inputs] if isinstance(inputs, (str, os.PathLike)) or _is_dataset(inputs) else list(inputs)
+    )
     if not items:
         raise BadInputError("no inputs given")
     sources: list[Source] = []
@@ -351,12 +361,15 @@ def open_inputs(
             continue
         if not isinstance(item, (str, os.PathLike)):
             raise TypeError(
-                f"inputs are paths, URLs, globs or datasets.Dataset objects, got {type(item).__name__}"
+                "inputs are paths, URLs, globs or datasets.Dataset objects, got "
+                f"{type(item).__name__}"
             )
         found = _expand(os.fspath(item), options)
         if not found:
             raise BadInputError(f"{os.fspath(item)}: no such file, directory or matching files")
-        sources.extend(FileSource(url, options, input_format, size, modified) for url, size, modified in found)
+        sources.extend(
+            FileSource(url, options, input_format, size, modified) for url, size, modified in found
+        )
     return sources
 
 

@@ -284,7 +284,10 @@ class SftPreset(Preset):
     def _render(self, row: Row) -> tuple[str, list[tuple[int, int]]]:
         template = self.tokenizer.require_chat_template()
         messages = normalize_messages(
-            self._field(row, self.fields.messages), self.fields.role, self.fields.content, str(row.where)
+            self._field(row, self.fields.messages),
+            self.fields.role,
+            self.fields.content,
+            str(row.where),
         )
         text, spans = template.assistant_spans(messages)
         if not spans:
@@ -295,9 +298,7 @@ class SftPreset(Preset):
         prepared = list(_guarded(rows, self._render))
         good = [value for _, value in prepared if isinstance(value, tuple)]
         encoded = iter(
-            self.tokenizer.encode_masked([t for t, _ in good], [s for _, s in good])
-            if good
-            else ()
+            self.tokenizer.encode_masked([t for t, _ in good], [s for _, s in good]) if good else ()
         )
         out = []
         for row, value in prepared:
@@ -357,7 +358,9 @@ class DpoPreset(Preset):
         prompt = row.value.get(self.fields.prompt) if isinstance(row.value, Mapping) else None
         template = self.tokenizer.chat_template
         if template is None:
-            if not (isinstance(prompt, str) and isinstance(chosen, str) and isinstance(rejected, str)):
+            if not (
+                isinstance(prompt, str) and isinstance(chosen, str) and isinstance(rejected, str)
+            ):
                 raise BadInputError(
                     f"{row.where}: without a chat template, dpo needs text fields "
                     f"{self.fields.prompt!r}, {self.fields.chosen!r} and {self.fields.rejected!r}"
@@ -373,10 +376,7 @@ class DpoPreset(Preset):
                 answers.append(self._messages(row, value))
         if prompt is None:
             shared = 0
-            while (
-                shared < min(map(len, answers)) - 1
-                and answers[0][shared] == answers[1][shared]
-            ):
+            while shared < min(map(len, answers)) - 1 and answers[0][shared] == answers[1][shared]:
                 shared += 1
             prompt_messages = answers[0][:shared]
             answers = [a[shared:] for a in answers]
@@ -406,7 +406,9 @@ class DpoPreset(Preset):
                 continue
             record: dict[str, Any] = {}
             try:
-                for key, (ids, mask) in zip(("chosen", "rejected"), (next(encoded), next(encoded)), strict=True):
+                for key, (ids, mask) in zip(
+                    ("chosen", "rejected"), (next(encoded), next(encoded)), strict=True
+                ):
                     if plain:
                         ids = np.append(ids, self.tokenizer.eos_id)
                         mask = np.append(mask, 1).astype(np.uint8)
@@ -448,12 +450,18 @@ class GrpoPreset(Preset):
         prompt = self._field(row, self.fields.prompt)
         responses = self._field(row, self.fields.responses)
         rewards = self._field(row, self.fields.rewards)
-        if not isinstance(responses, (list, tuple)) or not responses or not all(
-            isinstance(r, str) for r in responses
+        if (
+            not isinstance(responses, (list, tuple))
+            or not responses
+            or not all(isinstance(r, str) for r in responses)
         ):
-            raise BadInputError(f"{row.where}: {self.fields.responses!r} must be a non-empty list of texts")
-        if not isinstance(rewards, (list, tuple)) or len(rewards) != len(responses) or not all(
-            isinstance(r, (int, float)) and not isinstance(r, bool) for r in rewards
+            raise BadInputError(
+                f"{row.where}: {self.fields.responses!r} must be a non-empty list of texts"
+            )
+        if (
+            not isinstance(rewards, (list, tuple))
+            or len(rewards) != len(responses)
+            or not all(isinstance(r, (int, float)) and not isinstance(r, bool) for r in rewards)
         ):
             raise BadInputError(
                 f"{row.where}: {self.fields.rewards!r} must be {len(responses)} numbers, "
@@ -494,7 +502,9 @@ class GrpoPreset(Preset):
                 if not len(prompt_ids):
                     raise BadInputError(f"{row.where}: empty prompt")
                 prompt_ids = self._truncated(self._ids(prompt_ids, row), row, "the prompt")
-                room = None if self.limits.max_len is None else self.limits.max_len - len(prompt_ids)
+                room = (
+                    None if self.limits.max_len is None else self.limits.max_len - len(prompt_ids)
+                )
                 responses, masks = [], []
                 for number, (ids, mask) in enumerate(answers):
                     if plain:
@@ -515,7 +525,12 @@ class GrpoPreset(Preset):
             except BadInputError as error:
                 out.append(Outcome(row, [], str(error)))
                 continue
-            record = {"prompts": prompt_ids, "responses": responses, "masks": masks, "rewards": rewards}
+            record = {
+                "prompts": prompt_ids,
+                "responses": responses,
+                "masks": masks,
+                "rewards": rewards,
+            }
             tokens = len(prompt_ids) + sum(len(r) for r in responses)
             out.append(Outcome(row, [record], None, tokens, int(sum(m.sum() for m in masks))))
         return out

@@ -77,7 +77,9 @@ class Summary:
             )
         if self.rejected:
             lines.append(f"rejected  {self.rejected:,} rows, listed in {self.rejects_url}")
-        skipped = f" ({self.splits_skipped} already written, resumed)" if self.splits_skipped else ""
+        skipped = (
+            f" ({self.splits_skipped} already written, resumed)" if self.splits_skipped else ""
+        )
         lines.append(f"shards    {self.shards:,} from {self.splits:,} input splits{skipped}")
         lines.append(f"bytes     {self.nbytes / 1e6:,.1f} MB of data")
         lines.append(f"time      {self.seconds:,.1f} s")
@@ -92,7 +94,11 @@ class Progress:
     ) -> None:
         self.started = time.perf_counter()
         self.bar = tqdm(
-            total=total_rows, desc=description, unit=" rows", disable=not enabled, dynamic_ncols=True
+            total=total_rows,
+            desc=description,
+            unit=" rows",
+            disable=not enabled,
+            dynamic_ncols=True,
         )
         self.splits_done = 0
         self.total_splits = total_splits

@@ -133,9 +133,7 @@ class TextTokenizer(Tokenizer):
                 raise BadInputError(f"tokenizer {name} has no token {eos_token!r}")
             self.eos_id: int | None = int(eos)
         else:
-            self.eos_id = next(
-                (vocab[token] for token in EOS_CANDIDATES if token in vocab), None
-            )
+            self.eos_id = next((vocab[token] for token in EOS_CANDIDATES if token in vocab), None)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (
@@ -149,7 +147,9 @@ class TextTokenizer(Tokenizer):
 
     def fingerprint(self) -> str:
         digest = hashlib.sha256(self.serialized.encode())
-        digest.update(repr((self.eos_id, self.chat_template and self.chat_template.source)).encode())
+        digest.update(
+            repr((self.eos_id, self.chat_template and self.chat_template.source)).encode()
+        )
         return digest.hexdigest()
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
@@ -269,20 +269,20 @@ def _from_directory(path: Path, eos_token: str | None, template: str | None) -> 
     try:
         from transformers import AutoTokenizer
     except ImportError:
-        AutoTokenizer = None  # noqa: N806
+        AutoTokenizer = None
     if AutoTokenizer is None:
         # without transformers: tokenizer.json plus tokenizer_config.json's fields
         model = path / "tokenizer.json"
         if not model.is_file():
             raise BadInputError(f"{path} has no tokenizer.json (install transformers to read it)")
-        config = json.loads((path / "tokenizer_config.json").read_text()) if (
-            path / "tokenizer_config.json"
-        ).is_file() else {}
+        config = (
+            json.loads((path / "tokenizer_config.json").read_text())
+            if (path / "tokenizer_config.json").is_file()
+            else {}
+        )
         source = template or config.get("chat_template")
         eos = eos_token or _token_text(config.get("eos_token"))
-        variables = {
-            key: _token_text(config.get(key)) for key in ("bos_token", "eos_token")
-        }
+        variables = {key: _token_text(config.get(key)) for key in ("bos_token", "eos_token")}
         return TextTokenizer(
             model.read_text(),
             eos_token=eos,

@@ -9,6 +9,7 @@ own split, and ``resume=True`` continues an interrupted write (see ``session``).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 import os
@@ -22,7 +23,7 @@ from rangestream.errors import InvalidRecordError
 from rangestream.formats.records import RecordFormat
 from rangestream.ingest.inputs import Row
 from rangestream.ingest.presets import Outcome
-from rangestream.ingest.session import begin, finish, fingerprint_of, rejects_key
+from rangestream.ingest.session import begin, fingerprint_of, finish, rejects_key
 from rangestream.ingest.summary import Progress, Summary
 from rangestream.ingest.tasks import Job, default_workers, run_splits
 from rangestream.io.loop import run_sync
@@ -127,7 +128,9 @@ def stored_nbytes(manifest: Manifest) -> int:
 class _FunctionJob(Job):
     """``fn`` over consecutive items: split ``k`` is items ``bounds[k]..bounds[k+1]``."""
 
-    def __init__(self, fn: Callable[[Any], Any], items: Sequence[Any], bounds: Sequence[int]) -> None:
+    def __init__(
+        self, fn: Callable[[Any], Any], items: Sequence[Any], bounds: Sequence[int]
+    ) -> None:
         self.fn = fn
         self.items = items
         self.bounds = list(bounds)
@@ -135,7 +138,9 @@ class _FunctionJob(Job):
 
     def for_split(self, split: int) -> _FunctionJob:
         start, stop = self.bounds[split], self.bounds[split + 1]
-        job = _FunctionJob(self.fn, self.items[start - self.offset : stop - self.offset], self.bounds)
+        job = _FunctionJob(
+            self.fn, self.items[start - self.offset : stop - self.offset], self.bounds
+        )
         job.offset = start
         return job
 
@@ -154,7 +159,9 @@ class _FunctionJob(Job):
                 if first:
                     yield Outcome(Row(where), [])
             except Exception as error:
-                if not any(note.startswith("while writing") for note in getattr(error, "__notes__", ())):
+                if not any(
+                    note.startswith("while writing") for note in getattr(error, "__notes__", ())
+                ):
                     error.add_note(f"while writing {where}")
                 raise
 
@@ -258,15 +265,14 @@ def run_job(
 def _count_resumed(summary: Summary, session: WriteSession, done: frozenset[int]) -> None:
     """Rows and records of splits written by an earlier run are not counted again; the
     rejects they left are (they are in the store)."""
+
     async def count() -> int:
         store = session.storage._new_write_store()
         try:
             total = 0
             for split in sorted(done):
-                try:
+                with contextlib.suppress(FileNotFoundError):
                     total += (await store.get(rejects_key(session, split))).count(b"\n")
-                except FileNotFoundError:
-                    pass
             return total
         finally:
             await store.aclose()
@@ -284,10 +290,8 @@ def _gather_rejects(session: WriteSession, split_count: int, rejects: str | None
         try:
             parts = []
             for split in range(split_count):
-                try:
+                with contextlib.suppress(FileNotFoundError):
                     parts.append(await store.get(rejects_key(session, split)))
-                except FileNotFoundError:
-                    pass
             return b"".join(parts)
         finally:
             await store.aclose()
@@ -295,7 +299,11 @@ def _gather_rejects(session: WriteSession, split_count: int, rejects: str | None
     data = run_sync(gather())
     import fsspec
 
-    options = storage.storage_options if "://" in target and target.split("://")[0] == storage.url.split("://")[0] else {}
+    options = (
+        storage.storage_options
+        if "://" in target and target.split("://")[0] == storage.url.split("://")[0]
+        else {}
+    )
     with fsspec.open(target, "wb", **options) as handle:
         handle.write(data)
     return target

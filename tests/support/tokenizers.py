@@ -1,9 +1,9 @@
-"""Tokenizers the ingestion tests build themselves (nothing is downloaded).
+"""Tokenizer fixtures the ingestion tests build themselves (nothing is downloaded).
 
 A byte-level BPE is trained on a generated corpus with ``tokenizers``; the ChatML-style
 template is written by ``corpus``. Special tokens are added tokens, so the tokenizer splits
 the text at them before BPE runs: tests compute ground truth by encoding the pieces between
-them separately (``truth``).
+them separately (``tests/ingest/truth.py``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,9 @@ from typing import Any
 
 import pytest
 
-from ingest.corpus import CHATML, SPECIALS, make_texts
+from support.corpus import CHATML, SPECIALS, make_texts
+
+__all__ = ["rust_tokenizer", "tokenizer_dir", "tokenizer_json"]
 
 
 @pytest.fixture(scope="session")

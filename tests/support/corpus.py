@@ -8,11 +8,53 @@ from typing import Any
 
 import numpy as np
 
-WORDS = (
-    "the a data stream token shard block window range read write zarr object store "
-    "train model loss mask answer question why how fast small large über café naïve 数据 "
-    "1 2 3 42 3.14 , . ! ? ; : ( ) - 'quoted' \"double\""
-).split()
+WORDS = [
+    "the",
+    "a",
+    "data",
+    "stream",
+    "token",
+    "shard",
+    "block",
+    "window",
+    "range",
+    "read",
+    "write",
+    "zarr",
+    "object",
+    "store",
+    "train",
+    "model",
+    "loss",
+    "mask",
+    "answer",
+    "question",
+    "why",
+    "how",
+    "fast",
+    "small",
+    "large",
+    "über",
+    "café",
+    "naïve",
+    "数据",
+    "1",
+    "2",
+    "3",
+    "42",
+    "3.14",
+    ",",
+    ".",
+    "!",
+    "?",
+    ";",
+    ":",
+    "(",
+    ")",
+    "-",
+    "'quoted'",
+    '"double"',
+]
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHATML = (
     "{% for message in messages %}"
