@@ -139,6 +139,21 @@ def test_each_preset_reads_back_equal_to_the_tokenizer_ground_truth(
     assert summary.shards == (5 if input_kind == "parquet" else 1)
 
 
+def test_a_hugging_face_dataset_converts_like_its_jsonl(
+    tmp_path: Path, tokenizer_dir: Path, rust_tokenizer: Any
+) -> None:
+    import datasets
+
+    rows = rows_for("sft")
+    dataset = datasets.Dataset.from_list(rows)
+    summary = rangestream.convert(
+        dataset, tmp_path / "out", preset="sft", tokenizer=tokenizer_dir / "hf", workers=2,
+        split_rows=10, progress=False,
+    )  # fmt: skip
+    check_preset("sft", summary, rows, rust_tokenizer)
+    assert summary.shards == 3
+
+
 def test_inputs_on_s3_are_read_through_fsspec(
     s3_url: Location, tokenizer_json: Path, rust_tokenizer: Any, tmp_path: Path
 ) -> None:

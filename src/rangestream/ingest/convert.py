@@ -52,6 +52,13 @@ class _ConvertJob(Job):
         self.batch_rows = batch_rows
         self.skip_bad = skip_bad
 
+    def for_split(self, split: int) -> _ConvertJob:
+        # a task carries only its own source (a Dataset held in memory pickles whole)
+        part = self.splits[split]
+        sources: list[Any] = [None] * len(self.sources)
+        sources[part.source] = self.sources[part.source]
+        return _ConvertJob(sources, self.splits, self.preset, self.batch_rows, self.skip_bad)
+
     def outcomes(self, split: int) -> Iterator[Outcome]:
         part = self.splits[split]
         rows = self.sources[part.source].rows(part, self.preset.columns())
