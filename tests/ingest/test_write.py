@@ -157,6 +157,8 @@ def test_a_failed_write_resumes_from_the_splits_already_written(tmp_path: Path) 
     assert "while writing input 7: 7" in caught.value.__notes__
     assert not StreamStorage(tmp_path / "ds", TOKENS).exists()
     Path(FLAG).write_text("")
+    same_format = StreamNumpyFormat(np.dtype([("tokens", "<i4"), ("loss_mask", "u1")]))
+    kwargs["storage_format"] = same_format  # an equal format object, as a new process has
     summary = rangestream.write(fail_at, range(12), tmp_path / "ds", resume=True, **kwargs)
     assert (summary.splits_skipped, summary.splits) == (2, 4)  # inputs 0-5 were kept
     assert summary.records == 6  # only the splits run this time are counted

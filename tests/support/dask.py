@@ -1,4 +1,4 @@
-"""A real ``dask.distributed`` cluster of worker processes on loopback, one per session."""
+"""A real ``dask.distributed`` cluster of worker processes on loopback, one per module."""
 
 from __future__ import annotations
 
@@ -10,10 +10,14 @@ import pytest
 __all__ = ["dask_client"]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def dask_client() -> Iterator[Any]:
     """A client of a LocalCluster: 2 worker processes (one thread each) behind nannies, so
-    a killed worker is restarted and its task retried, as on a real cluster."""
+    a killed worker is restarted and its task retried, as on a real cluster.
+
+    Per module, not per session: the workers are children of the test process, and later
+    tests (the loader's) check that no child process is left running.
+    """
     from distributed import Client, LocalCluster
 
     with (

@@ -192,6 +192,19 @@ def _split_bounds(count: int, per_split: int | None) -> list[int]:
     return [*range(0, count, per_split), count] if count else [0]
 
 
+def _format_identity(storage_format: Any) -> Any:
+    """What identifies a format across processes (its repr may hold a memory address)."""
+    if storage_format is None:
+        return None
+    kind = type(storage_format)
+    dtype = getattr(storage_format, "stream_dtype", None)
+    return {
+        "type": f"{kind.__module__}.{kind.__qualname__}",
+        "stream_dtype": None if dtype is None else str(dtype),
+        **format_description(storage_format),
+    }
+
+
 def _digest_inputs(items: Sequence[Any]) -> str:
     try:
         data = pickle.dumps(items, protocol=4)
@@ -413,7 +426,7 @@ def write(
         {
             "fn": f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', repr(fn))}",
             "kind": kind,
-            "format": repr(storage_format),
+            "format": _format_identity(storage_format),
             "field_groups": field_groups,
             "inputs": _digest_inputs(items),
             "bounds": bounds,
