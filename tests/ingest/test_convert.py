@@ -330,6 +330,19 @@ def test_skip_bad_counts_and_lists_rejects_and_keeps_the_good_rows(tmp_path: Pat
     assert "rejected  4 rows" in str(summary)
 
 
+def test_rejected_parquet_rows_are_listed_with_their_row_and_value(tmp_path: Path) -> None:
+    path = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"text": ["good", "", "fine"]}), path, row_group_size=2)
+    summary = rangestream.convert(
+        str(path), tmp_path / "out", preset="seq", tokenizer="bytes", workers=0,
+        skip_bad=True, progress=False,
+    )  # fmt: skip
+    (reject,) = [json.loads(x) for x in Path(summary.rejects_url).read_text().splitlines()]
+    assert reject == {"where": f"{path} row 1", "error": f"{path} row 1: empty document",
+                      "raw": '{"text": ""}'}  # fmt: skip
+    assert stream_of(summary.storage)["sequence"].tolist() == [*b"good", 256, *b"fine", 256]
+
+
 def test_unknown_roles_and_conversations_without_an_answer_are_bad_rows(
     tmp_path: Path, tokenizer_dir: Path
 ) -> None:

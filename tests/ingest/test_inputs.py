@@ -76,6 +76,9 @@ def test_a_text_file_is_one_document(tmp_path: Path) -> None:
     (tmp_path / "skip.bin").write_bytes(b"\0")
     rows = all_rows(open_inputs(str(tmp_path)))  # a directory: its known files, sorted
     assert [r.value["text"] for r in rows] == ["first\nsecond line\n", "# title"]
+    (source, _) = open_inputs(str(tmp_path))
+    (split,) = source.splits(0, 1, 1)
+    assert [r.value for r in source.rows(split, ["body"])] == [{"body": "first\nsecond line\n"}]
 
 
 def test_bad_lines_are_rows_with_an_error_not_exceptions(tmp_path: Path) -> None:

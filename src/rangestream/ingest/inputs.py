@@ -130,7 +130,8 @@ def _format_of(path: str, forced: str | None) -> str:
 
 @dataclass
 class FileSource(Source):
-    """One file: JSONL (plain, .gz, .zst), Parquet, or a text file (one document)."""
+    """One file: JSONL (plain, .gz, .zst), Parquet, or a text file (one document, under
+    the first field the caller reads, e.g. the seq preset's text field)."""
 
     url: str
     storage_options: dict[str, Any] = field(default_factory=dict)
@@ -191,7 +192,7 @@ class FileSource(Source):
         if self.format == "parquet":
             yield from self._parquet_rows(split, columns)
         elif self.format == "text":
-            yield from self._text_rows()
+            yield from self._text_rows(columns[0] if columns else "text")
         else:
             yield from self._jsonl_rows(split)
 
@@ -232,7 +233,7 @@ class FileSource(Source):
         self._lines[offset] = count
         return count
 
-    def _text_rows(self) -> Iterator[Row]:
+    def _text_rows(self, field: str) -> Iterator[Row]:
         with self._decompressed() as handle:
             data = handle.read()
         try:
@@ -245,7 +246,7 @@ class FileSource(Source):
                 raw=data[max(0, error.start - 40) : error.start + 40].decode("utf-8", "replace"),
             )
             return
-        yield Row(f"{self.url}:1", {"text": text}, raw=text[:RAW_SHOWN])
+        yield Row(f"{self.url}:1", {field: text}, raw=text[:RAW_SHOWN])
 
     def _parquet_rows(self, split: Split, columns: Sequence[str]) -> Iterator[Row]:
         import pyarrow.parquet as pq

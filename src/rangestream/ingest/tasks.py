@@ -75,7 +75,10 @@ def _nbytes(value: Any) -> int:
 
 def _reject_line(outcome: Outcome) -> bytes:
     row = outcome.row
-    document = {"where": str(row.where), "error": outcome.error, "raw": row.raw[:RAW_SHOWN]}
+    raw = row.raw
+    if not raw and row.value is not None:  # Parquet and dataset rows: the parsed value
+        raw = json.dumps(row.value, ensure_ascii=False, default=str)
+    document = {"where": str(row.where), "error": outcome.error, "raw": raw[:RAW_SHOWN]}
     return (json.dumps(document, ensure_ascii=False) + "\n").encode()
 
 
