@@ -6,6 +6,7 @@
   the S3 server and proxy, measure every system on the same windows, write
   ``docs/benchmarks.md`` and ``docs/benchmarks.png``. Installs what is missing first.
 - ``report``: re-render the docs from the last results file (no measuring).
+- ``ingest [--size-mb 100] [--workers 2]``: conversion speed (see ``benchmarks/ingest.py``).
 """
 
 from __future__ import annotations
@@ -56,11 +57,16 @@ def _parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="re-render docs from the last results")
     rep.add_argument("--quick", action="store_true", help="use the last quick run's results")
     rep.add_argument("--out", type=Path, help="markdown path (default docs/benchmarks.md)")
+    sub.add_parser("ingest", help="conversion speed: python -m benchmarks ingest --help")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["ingest"]:
+        from benchmarks import ingest
+
+        return ingest.main(argv[1:])
     args = _parser().parse_args(argv)
     from benchmarks import environment, report
 

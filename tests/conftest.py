@@ -6,8 +6,10 @@ short index. ``support`` must be importable: pytest's default (prepend) import m
 pytest configuration makes that explicit and also covers ``--import-mode=importlib``.
 
 S3 fixtures (see ``support/s3.py``): ``seaweedfs_server``, ``s3_server``, ``s3_bucket``,
-``s3_url``, ``location`` (parametrised "local"/"s3") and ``s3_proxy``. Mapped reads
+``s3_url``, ``location`` (parametrised "local"/"s3") and ``s3_proxy``. Dask (see
+``support/dask.py``): ``dask_client``, a LocalCluster of worker processes. Tokenizers (see
+``support/tokenizers.py``): ``tokenizer_dir``, ``tokenizer_json``, ``rust_tokenizer``. Mapped reads
 (see ``support/copies.py``): ``copies`` (parametrised "compiled"/"numpy").
 """
 
-pytest_plugins = ("support.copies", "support.s3")
+pytest_plugins = ("support.copies", "support.dask", "support.s3", "support.tokenizers")

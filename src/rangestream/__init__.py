@@ -6,7 +6,8 @@ window needs with bounded concurrent range requests.
 
 from rangestream.dataset import DocumentDataset, StreamDataset
 from rangestream.errors import RangestreamError
-from rangestream.formats import DocumentPickleFormat, StreamNumpyFormat
+from rangestream.formats import DocumentPickleFormat, RecordField, RecordFormat, StreamNumpyFormat
+from rangestream.ingest import convert, write, write_records
 from rangestream.io import IOStats, RetryPolicy, set_process_max_concurrency
 from rangestream.storage import (
     DocumentStorage,
@@ -14,7 +15,6 @@ from rangestream.storage import (
     StreamWithMetaStorage,
     TemporalArrayStorage,
     WriteSession,
-    write_records,
 )
 
 __version__ = "0.1.0"
@@ -36,6 +36,8 @@ __all__ = [
     "DocumentStorage",
     "IOStats",
     "RangestreamError",
+    "RecordField",
+    "RecordFormat",
     "RetryPolicy",
     "StatefulDataLoader",
     "StreamDataset",
@@ -44,6 +46,8 @@ __all__ = [
     "StreamWithMetaStorage",
     "TemporalArrayStorage",
     "WriteSession",
+    "convert",
     "set_process_max_concurrency",
+    "write",
     "write_records",
 ]

@@ -123,3 +123,11 @@ class UnknownFieldError(RangestreamError, KeyError):
 
     def __str__(self) -> str:  # KeyError would show the message as a quoted repr
         return str(self.args[0]) if self.args else ""
+
+
+class BadInputError(RangestreamError, ValueError):
+    """An input row cannot be converted; the message names the file and line (or row)."""
+
+
+class ResumeError(RangestreamError, ValueError):
+    """An interrupted write cannot be resumed as asked (its inputs or options differ)."""

@@ -31,6 +31,11 @@ def add_location_arguments(parser: argparse.ArgumentParser, *, default_url: str 
     parser.set_defaults(default_url=default_url)
     # the earlier spelling, still accepted so that scripts keep working
     parser.add_argument("--url", dest="url_option", help=argparse.SUPPRESS)
+    add_store_arguments(parser)
+
+
+def add_store_arguments(parser: argparse.ArgumentParser) -> None:
+    """How to reach a store: ``--endpoint-url``, ``--storage-option``, ``--timeout``."""
     parser.add_argument(
         "--endpoint-url",
         help="S3-compatible endpoint (MinIO, SeaweedFS); credentials come from the usual "

@@ -5,7 +5,6 @@ from rangestream.storage.document import DocumentStorage
 from rangestream.storage.stream import StreamStorage
 from rangestream.storage.stream_with_meta import StreamWithMetaStorage
 from rangestream.storage.temporal import TemporalArrayStorage
-from rangestream.storage.temporal_write import write_records
 from rangestream.storage.writing import DatasetWriter, WriteSession
 
 __all__ = [
@@ -16,5 +15,4 @@ __all__ = [
     "StreamWithMetaStorage",
     "TemporalArrayStorage",
     "WriteSession",
-    "write_records",
 ]

@@ -22,6 +22,7 @@ import datetime
 import json
 import os
 import random
+import re
 import threading
 import uuid
 from collections import deque
@@ -68,6 +69,8 @@ T = TypeVar("T")
 
 #: Uploads in flight per writer; bounds memory to about this many blocks.
 MAX_PENDING_UPLOADS = 8
+#: What a caller-chosen part id may be: it becomes the object name ``parts/<id>.json``.
+_PART_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 
 
 class _Uploader:
@@ -175,9 +178,15 @@ class WriteSession:
     def prefix(self) -> str:
         return data_prefix(self.commit_id)
 
-    def sync_writer(self) -> DatasetWriter:
-        """A writer for this session; closing it records its part but commits nothing."""
-        return DatasetWriter(self)
+    def sync_writer(self, *, part_id: str | None = None) -> DatasetWriter:
+        """A writer for this session; closing it records its part but commits nothing.
+
+        ``part_id`` names the writer's part manifest (a random id by default). A caller
+        that may run the same work twice (a retried task) passes an id derived from the
+        work itself, so the second run overwrites the first run's part instead of adding
+        a conflicting one.
+        """
+        return DatasetWriter(self, part_id=part_id)
 
     def commit(self) -> Manifest:
         """Publish everything the session's closed writers wrote, atomically.
@@ -445,10 +454,16 @@ class DatasetWriter:
     buffered and records its part; an exception inside the ``with`` block discards it.
     """
 
-    def __init__(self, session: WriteSession) -> None:
+    def __init__(self, session: WriteSession, *, part_id: str | None = None) -> None:
+        if part_id is not None and (
+            not isinstance(part_id, str) or not _PART_ID.match(part_id) or part_id in {".", ".."}
+        ):
+            raise ValueError(
+                f"part_id must be 1-128 characters of A-Z, a-z, 0-9, '_', '.', '-', got {part_id!r}"
+            )
         self.session = session
         self.storage = session.storage
-        self.part_id = uuid.uuid4().hex
+        self.part_id = part_id if part_id is not None else uuid.uuid4().hex
         self._store = self.storage._new_write_store()
         self._uploader = _Uploader(self._store)
         self._layouts = self.storage._array_layouts()
@@ -521,6 +536,8 @@ class DatasetWriter:
             part: dict[str, Any] = {"part_id": self.part_id, "shards": shards}
             if self.storage is not self.session.storage:
                 part["schema"] = self.storage._schema()  # bound by the first record
+            # the part says "this writer's data is complete": it must land after the data
+            self._uploader.flush()
             self._uploader.put(
                 f"{self.session.prefix}/parts/{self.part_id}.json", json.dumps(part).encode()
             )
