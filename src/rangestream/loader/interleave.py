@@ -51,12 +51,24 @@ import numpy.typing as npt
 
 from rangestream.errors import LoaderConfigError, OutOfRangeError
 
-__all__ = ["EXACT_SEARCH_SOURCES", "MAX_POSITION", "Interleave"]
+__all__ = [
+    "BOUNDED_SEARCH_SOURCES",
+    "EXACT_SEARCH_SOURCES",
+    "MAX_POSITION",
+    "SEARCH_STEPS",
+    "Interleave",
+]
 
 EXACT_SEARCH_SOURCES = 8
 """Up to this many sources the tree with the smallest bound is found exhaustively (about
-0.1 s at 8); beyond, a greedy tree is refined (see :class:`_TreeSearch`). Both are
+0.1 s at 8); beyond, the search is bounded (see :class:`_TreeSearch`). Every step is
 deterministic, so every process builds the same tree from the same weights."""
+
+BOUNDED_SEARCH_SOURCES = 12
+"""Up to this many sources (beyond :data:`EXACT_SEARCH_SOURCES`), the refined greedy tree
+seeds a branch and bound limited to :data:`SEARCH_STEPS` subtrees (about a second)."""
+
+SEARCH_STEPS = 200_000
 
 MAX_POSITION = 2**53
 """Counts are exact float64 integers below this many positions."""
@@ -101,9 +113,10 @@ def _fractions(weights: Sequence[float]) -> list[Fraction]:
 class _TreeSearch:
     """Minimise ``max_l w_l * sum_{ancestors v below the root} 1 / W(v)`` over binary trees.
 
-    Up to :data:`EXACT_SEARCH_SOURCES` leaves: branch and bound over every tree, seeded
-    with the greedy tree below. Beyond: the greedy tree, then every subtree of at most
-    :data:`EXACT_SEARCH_SOURCES` leaves replaced by the best one for its place.
+    Branch and bound over every tree (heaviest leaves first), seeded with the greedy tree
+    below with every subtree of at most :data:`EXACT_SEARCH_SOURCES` leaves replaced by the
+    best one for its place; exhaustive up to :data:`EXACT_SEARCH_SOURCES` leaves, limited
+    to :data:`SEARCH_STEPS` subtrees up to :data:`BOUNDED_SEARCH_SOURCES`, skipped beyond.
 
     The greedy tree answers "can every leaf stay within ``tau``?" bottom-up, like Huffman's
     algorithm: a node placed under ancestors summing ``x`` keeps all its leaves within
@@ -115,6 +128,7 @@ class _TreeSearch:
 
     def __init__(self, weights: Sequence[float]) -> None:
         self.weights = list(weights)
+        self.steps = math.inf  # subtrees the branch and bound may still examine
 
     def total(self, leaves: tuple[int, ...]) -> float:
         return math.fsum(self.weights[leaf] for leaf in leaves)
@@ -139,11 +153,15 @@ class _TreeSearch:
         count = len(self.weights)
         if count == 1:
             return 0
-        greedy = self.greedy()
-        if count <= EXACT_SEARCH_SOURCES:
-            found = self.exhaustive(tuple(range(count)), self.cost(greedy))
-            return greedy if found is None else found
-        return self.refine(greedy, 0.0, 0)
+        greedy = self.refine(self.greedy(), 0.0, 0)
+        if count > BOUNDED_SEARCH_SOURCES:
+            return greedy
+        if count > EXACT_SEARCH_SOURCES:
+            self.steps = SEARCH_STEPS
+        # heaviest first: the splits tried first pair heavy leaves with few others
+        leaves = tuple(sorted(range(count), key=lambda leaf: (-self.weights[leaf], leaf)))
+        found = self.exhaustive(leaves, self.cost(greedy))
+        return greedy if found is None else found
 
     # -- greedy (bottom-up, bisection on the target) --------------------------------------
 
@@ -188,6 +206,8 @@ class _TreeSearch:
         ``cap``."""
         best_tree: Tree | None = None
         for left, right in self.splits(leaves):
+            if self.steps <= 0:
+                break
             tree, cost = self.pair(left, right, 0.0, cap)
             if tree is not None:
                 best_tree, cap = tree, cost
@@ -209,11 +229,16 @@ class _TreeSearch:
         if len(leaves) == 1:
             cost = self.weights[leaves[0]] * x
             return (leaves[0], cost) if cost < cap else (None, cap)
+        if self.steps <= 0:
+            return None, cap
+        self.steps -= 1
         inner = x + 1.0 / self.total(leaves)
         if max(self.weights[leaf] for leaf in leaves) * inner >= cap:
             return None, cap  # every leaf costs at least this much, wherever it goes below
         best_tree: Tree | None = None
         for left, right in self.splits(leaves):
+            if self.steps <= 0:
+                break
             tree, cost = self.pair(left, right, inner, cap)
             if tree is not None:
                 best_tree, cap = tree, cost

@@ -540,7 +540,8 @@ class MixedOrder:
 
     @property
     def phase_epoch(self) -> int:
-        """Epoch whose phases :attr:`phases` lists."""
+        """Epoch whose phases :attr:`phases` lists; every other epoch is one phase with the
+        weights in force (:attr:`weights`)."""
         return self._phase_epoch
 
     @property
@@ -554,10 +555,11 @@ class MixedOrder:
             f"samples_per_epoch={self.samples_per_epoch}, phases={len(self._phases)})"
         )
 
-    def bound(self, epoch: int | None = None) -> float:
-        """Largest per-phase bound of ``epoch`` (default: the phases' epoch)."""
-        epoch = self._phase_epoch if epoch is None else epoch
-        return max(phase.interleave.bound for phase in self._epoch_phases(epoch))
+    @property
+    def bound(self) -> float:
+        """Every prefix of a phase of :attr:`phase_epoch`, counted from the phase's start,
+        holds each source within this of its share (the largest phase bound)."""
+        return max(phase.interleave.bound for phase in self._epoch_phases(self._phase_epoch))
 
     # -- curriculum ---------------------------------------------------------------------
 
