@@ -313,8 +313,8 @@ def test_draws_continue_across_phases_so_no_sample_repeats_within_the_epoch(
     for source in range(3):
         mine = samples[sources == source]
         assert np.unique(mine).size == mine.size
-    assert located(order, 1, np.arange(0, 3000, 7)) == expected_order(
-        mix, 1, range(0, 3000, 7), phases
+    assert located(order, 1, np.arange(0, 3000, 23)) == expected_order(
+        mix, 1, range(0, 3000, 23), phases
     )
 
 
