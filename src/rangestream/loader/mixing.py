@@ -41,9 +41,10 @@ source's draws continue where the earlier phases left them, so no sample is draw
 in an epoch beyond what the epoch semantics above allow, and the passes and cycle windows
 stay those of the mixture's own weights and samples per epoch (a phase changes how fast
 each source is consumed, not in what order). Later epochs start with the weights in force.
-The phases of the current epoch are part of :meth:`MixedOrder.state_dict` (plain ints,
-floats and strings); :meth:`MixedOrder.resume` continues a saved run and, if this object
-was built with other weights, starts a phase with them at the resume position.
+The phases of the current epoch are part of :meth:`MixedOrder.state_dict` (plain ints and
+strings: weights are saved as the decimals they print as); :meth:`MixedOrder.resume`
+continues a saved run and, if this object was built with other weights, starts a phase
+with them at the resume position.
 """
 
 from __future__ import annotations
@@ -789,10 +790,12 @@ class MixedOrder:
         """The mixture's identity, base weights and epoch length, and the current phases."""
         return {
             **self.mixture.identity(),
-            STATE_WEIGHTS: list(self.mixture.weights),
+            STATE_WEIGHTS: [repr(weight) for weight in self.mixture.weights],
             STATE_SAMPLES: self.samples_per_epoch,
             STATE_PHASE_EPOCH: self._phase_epoch,
-            STATE_PHASES: [[phase.start, list(phase.weights)] for phase in self._phases],
+            STATE_PHASES: [
+                [phase.start, [repr(weight) for weight in phase.weights]] for phase in self._phases
+            ],
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -858,13 +861,19 @@ class MixedOrder:
         self._resolved = None
 
     def _state_weights(self, value: object, key: str) -> tuple[float, ...]:
-        if not isinstance(value, (list, tuple)) or len(value) != self.num_sources:
+        """Weights saved as the decimal strings they print as (exact, and plain text)."""
+        if (
+            not isinstance(value, (list, tuple))
+            or len(value) != self.num_sources
+            or not all(isinstance(weight, str) for weight in value)
+        ):
             raise StateError(
-                f"state {key} weights must be a list of {self.num_sources} numbers, got {value!r}"
+                f"state {key} weights must be a list of {self.num_sources} decimal strings, "
+                f"got {value!r}"
             )
         try:
-            return self._weights_tuple(list(value))
-        except LoaderConfigError as error:
+            return self._weights_tuple([float(weight) for weight in value])
+        except (LoaderConfigError, ValueError) as error:
             raise StateError(f"state {key} weights are invalid: {error}") from None
 
     def resume(self, state: Mapping[str, Any], *, epoch: int, position: int) -> None:
