@@ -34,7 +34,8 @@ no better there: it exceeds 1 as well (see ``docs/design.md``).
 
 Counts are computed in float64 (``r * P + 1/2`` rounded twice, then floored): deterministic
 on every IEEE-754 platform, monotone by construction, and within ``3 * depth * 2**-53 * n`` of
-the exact rounding, which adds less than ``1e-5`` to the bound below ``2**32`` positions.
+the exact rounding: below ``2**32`` positions that adds about ``1.5e-6`` per tree level to
+the bound.
 """
 
 from __future__ import annotations
