@@ -8,6 +8,7 @@ reader's own counters).
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from dataclasses import replace
 
@@ -28,6 +29,7 @@ from rangestream.loader.shuffle import (
     WindowGeometry,
     WindowShuffle,
     _inverse,
+    buffer_runs_for,
     run_windows_for,
     simulate_epoch,
 )
@@ -338,6 +340,10 @@ def test_a_read_group_holds_at_most_one_buffer_and_reads_each_window_once(
                     assert {int(w) // r for w in read_run.windows} == {read_run.start // r}
                     assert read_run.start % r == 0
                     assert read_run.stop == min(read_run.start + r, shuffle.num_windows)
+                    first = np.flatnonzero(group.windows // r == read_run.start // r)[0]
+                    assert read_run.first_use == first
+                uses = [read_run.first_use for read_run in group.reads]
+                assert uses == sorted(uses)
 
 
 TOKEN_ROW = np.dtype("<i4")
@@ -374,6 +380,52 @@ def test_one_rank_with_two_workers_needs_under_a_hundredth_of_a_request_per_wind
             requests += sum(geometry.requests(read.windows) for read in group.reads)
     assert windows == geometry.num_windows // 8 * 8
     assert requests / windows <= 0.01
+
+
+def blocks_touched(bounds: list[int], block_rows: int, start: int, stop: int) -> int:
+    """Objects (shard, block) that elements [start, stop) touch, counted shard by shard."""
+    count = 0
+    for low, high in itertools.pairwise(bounds):
+        a, b = max(start, low), min(stop, high)
+        if a < b:
+            count += (b - 1 - low) // block_rows - (a - low) // block_rows + 1
+    return count
+
+
+def test_a_span_read_costs_one_request_per_block_it_touches() -> None:
+    shards = [3_000_000, 5_123_457, 0, 7_000_001]
+    geometry = token_geometry(shards)
+    bounds = np.cumsum([0, *shards]).tolist()
+    shuffle = BlockShuffle(geometry.num_windows, seed=2, run_windows=run_windows_for(geometry),
+                           buffer_runs=8)  # fmt: skip
+    position = start(4, 8, 3, True)  # twelve readers: regions cut buffers, partial runs
+    partial = sparse = 0
+    for rank in range(4):
+        for worker in range(3):
+            plan = shuffle.worker_plan(1, position, rank=rank, worker_id=worker)
+            for group in plan.groups():
+                for read in group.reads:
+                    first, last = read.span[0], read.span[-1]
+                    expected = blocks_touched(
+                        bounds, geometry.block_rows, first * 2048, last * 2048 + 2049
+                    )
+                    assert geometry.requests(np.asarray(read.span)) == expected
+                    assert expected <= 2
+                    partial += not read.whole
+                    chosen = np.asarray(read.request_windows)
+                    if len(read.windows) * 16 >= len(read.span):
+                        np.testing.assert_array_equal(chosen, np.arange(first, last + 1))
+                    else:  # a sliver of the run: its windows alone
+                        np.testing.assert_array_equal(chosen, read.windows)
+                        sparse += 1
+    assert partial > sparse > 0
+
+
+def test_buffer_runs_are_capped_at_a_readers_share_of_runs() -> None:
+    assert buffer_runs_for(10_000, 100, 4) == 16  # 25 runs each: the default cap
+    assert buffer_runs_for(10_000, 100, 4, most=30) == 25
+    assert buffer_runs_for(10_000, 100, 40) == 2
+    assert buffer_runs_for(10_000, 100, 1000) == 1
 
 
 def test_run_requests_count_windows_that_straddle_blocks_and_shards() -> None:

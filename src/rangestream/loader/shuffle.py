@@ -61,6 +61,7 @@ from rangestream.loader.plan import EpochPlan
 __all__ = [
     "DEFAULT_BUFFER_RUNS",
     "DEFAULT_RUN_BYTES",
+    "SPAN_MIN_FILL",
     "BlockShuffle",
     "EpochPosition",
     "Phase",
@@ -69,6 +70,7 @@ __all__ = [
     "WindowGeometry",
     "WindowShuffle",
     "WorkerPlan",
+    "buffer_runs_for",
     "run_windows_for",
     "simulate_epoch",
 ]
@@ -80,6 +82,10 @@ DEFAULT_RUN_BYTES = 4 << 20
 DEFAULT_BUFFER_RUNS = 16
 """Runs mixed together per worker (``K``): a batch's windows come from about ``K`` places
 of the source, and a worker holds ``K * run`` bytes (64 MiB with 4 MiB runs)."""
+
+SPAN_MIN_FILL = 1 / 16
+"""Smallest share of a partial run's span that is needed for the span to be read whole
+(:attr:`RunRead.request_windows`): at most 16x the needed bytes of that run."""
 
 _RUN_ORDER = 0x52554E53  # purposes of the derived keys: the run order, a buffer's order
 _BUFFER_ORDER = 0x42554646
@@ -269,6 +275,24 @@ def run_windows_for(geometry: WindowGeometry, run_bytes: int = DEFAULT_RUN_BYTES
     return max(1, rows // geometry.stride)
 
 
+def buffer_runs_for(
+    num_windows: int, run_windows: int, readers: int, *, most: int = DEFAULT_BUFFER_RUNS
+) -> int:
+    """Runs per buffer that keep a reader's partial reads in proportion to its share.
+
+    A reader (a DataLoader worker of a rank) owns about ``num_windows / readers`` windows,
+    ``share`` runs' worth. Where its region starts or ends inside a buffer it reads every
+    run of that buffer for part of their windows, about ``K`` runs per reader and phase
+    beyond its share; capping ``K`` at ``share`` keeps that at most about twice the share
+    for small datasets, and negligible for large ones. Choose it once, when an epoch order
+    is first made, and keep it (it defines the order) when the world size changes.
+    """
+    _check_int("buffer_runs_for", "readers", readers, 1)
+    _check_int("buffer_runs_for", "run_windows", run_windows, 1)
+    share = num_windows // (readers * run_windows)
+    return max(1, min(most, share))
+
+
 # -- position: phases of an epoch -----------------------------------------------------------
 
 
@@ -404,17 +428,44 @@ class RunRead:
 
     ``start`` and ``stop`` bound the run (``[start, stop)`` window indices); ``windows``
     are the ones needed, sorted and distinct: all of the run (:attr:`whole`) except where a
-    region boundary cuts a buffer.
+    region boundary cuts a buffer. Read :attr:`request_windows` with one ``read_many``.
+    ``first_use`` is the index in the
+    group's ``windows`` of the first window that needs this read: a group's reads are
+    listed by it, so a worker that issues them in order can hand out each step as soon as
+    the reads up to that step's windows have arrived.
     """
 
     start: int
     stop: int
     windows: np.ndarray
+    first_use: int = 0
 
     @property
     def whole(self) -> bool:
-        """Whether every window of the run is read."""
+        """Whether every window of the run is needed."""
         return len(self.windows) == self.stop - self.start
+
+    @property
+    def span(self) -> range:
+        """From the first needed window to the last, gaps included: one range request per
+        block it touches, at most one run's bytes."""
+        return range(int(self.windows[0]), int(self.windows[-1]) + 1)
+
+    @property
+    def request_windows(self) -> range | np.ndarray:
+        """What to read: the :attr:`span` unless the needed windows fill less than
+        :data:`SPAN_MIN_FILL` of it, then the needed windows alone.
+
+        A partial run's needed windows are a random subset of it: read apart, every gap
+        wider than the range reader's coalescing gap costs a request, and a range request
+        costs the server about as much as a few MiB of transfer (``docs/design.md``). A
+        sparse subset (a reader whose region is a sliver of a buffer) is read window by
+        window instead, as the per-window shuffle reads, so bytes stay bounded.
+        """
+        span = self.span
+        if len(self.windows) >= len(span) * SPAN_MIN_FILL:
+            return span
+        return self.windows
 
 
 @dataclass(frozen=True)
@@ -886,14 +937,16 @@ class BlockShuffle:
             yield flush(current, [w for _, w in pieces], emitted)
 
     def _run_reads(self, windows: np.ndarray) -> tuple[RunRead, ...]:
-        distinct = np.unique(windows)
-        runs = distinct // self.run_windows
-        cuts = np.flatnonzero(np.diff(runs)) + 1
+        r = self.run_windows
+        runs, first_use = np.unique(windows // r, return_index=True)
         reads = []
-        for part in np.split(distinct, cuts):
-            run = int(part[0]) // self.run_windows
-            start = run * self.run_windows
-            reads.append(RunRead(start, min(start + self.run_windows, self.num_windows), part))
+        for run, first in sorted(
+            zip(runs.tolist(), first_use.tolist(), strict=True), key=lambda x: x[1]
+        ):
+            start = run * r
+            stop = min(start + r, self.num_windows)
+            needed = np.unique(windows[(windows >= start) & (windows < stop)])
+            reads.append(RunRead(start, stop, needed, first))
         return tuple(reads)
 
 
