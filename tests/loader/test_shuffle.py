@@ -26,6 +26,7 @@ from rangestream.loader.shuffle import (
     BlockShuffle,
     EpochPosition,
     Phase,
+    RunRead,
     WindowGeometry,
     WindowShuffle,
     _inverse,
@@ -263,6 +264,29 @@ def test_elastic_resume_loads_what_remains_exactly_once(
         assert counts.min(initial=1) >= 1
 
 
+@PROPERTIES
+@given(shuffle=shuffles, setting=settings_strategy, stop=st.floats(0, 1))
+def test_padding_wraps_around_to_the_start_of_the_order(
+    shuffle: BlockShuffle, setting: tuple[int, int, int], stop: float
+) -> None:
+    """Also after a resume: the padding is the order's first windows, not the next ones."""
+    world, batch, workers = setting
+    n = shuffle.num_windows
+    first_phase = start(2, 3, 1, True)
+    taken = int(stop * steps_of(n, 6, True))
+    before = emitted(consumed_before(simulate_epoch(shuffle, 4, first_phase), taken))
+    position = first_phase.advance(taken).resume(
+        world_size=world, batch_size=batch, num_workers=workers, drop_last=False
+    )
+    left = n - len(before)
+    pad = steps_of(left, world * batch, False) * world * batch - left
+    sightings = Counter(emitted(simulate_epoch(shuffle, 4, position)).tolist())
+    extra = sightings + Counter(before.tolist()) - Counter(range(n))
+    order = shuffle.window_at(4, np.arange(n)).tolist()
+    expected = Counter(order[: pad % n]) + Counter(order * (pad // n)) if n else Counter()
+    assert extra == expected
+
+
 def test_elastic_resume_without_drop_last_still_sees_every_window() -> None:
     shuffle = BlockShuffle(num_windows=1001, seed=8, run_windows=30, buffer_runs=3)
     first = start(3, 7, 2, False)
@@ -421,6 +445,14 @@ def test_a_span_read_costs_one_request_per_block_it_touches() -> None:
     assert partial > sparse > 0
 
 
+def test_a_partial_run_is_read_as_its_span_down_to_a_sixteenth_of_it() -> None:
+    assert RunRead(0, 40, np.array([3, 18])).request_windows == range(3, 19)  # 2 of 16
+    # 2 of 32: exactly a sixteenth, still the span
+    assert RunRead(0, 64, np.array([0, 31])).request_windows == range(0, 32)
+    # 2 of 33: under a sixteenth, the windows alone
+    np.testing.assert_array_equal(RunRead(0, 64, np.array([0, 32])).request_windows, [0, 32])
+
+
 def test_buffer_runs_are_capped_at_a_readers_share_of_runs() -> None:
     assert buffer_runs_for(10_000, 100, 4) == 16  # 25 runs each: the default cap
     assert buffer_runs_for(10_000, 100, 4, most=30) == 25
@@ -527,6 +559,9 @@ def test_window_shuffle_reads_each_shuffled_window_alone_and_storage_order_in_ru
     shuffled = WindowShuffle(100, seed=0).worker_plan(0, position, rank=0, worker_id=0)
     group = next(shuffled.groups())
     assert [len(read.windows) for read in group.reads] == [1, 1, 1, 1]
+    # listed in the order the batch needs them
+    assert [int(read.windows[0]) for read in group.reads] == group.windows.tolist()
+    assert [read.first_use for read in group.reads] == [0, 1, 2, 3]
     ordered = WindowShuffle(100, seed=0, shuffle=False).worker_plan(
         0, position, rank=0, worker_id=1, run_steps=3
     )

@@ -611,15 +611,22 @@ class WindowShuffle:
                 run_steps_array = np.arange(run.start, run.stop, dtype=np.int64)
                 indices = plan.sequence_indices(run_steps_array).reshape(-1)
                 windows = indices if permutation is None else permutation(indices)
-                distinct = np.unique(windows)
+                distinct, first_use = np.unique(windows, return_index=True)
                 if permutation is None:  # contiguous pieces of storage order
                     cuts = np.flatnonzero(np.diff(distinct) != 1) + 1
-                    pieces = np.split(distinct, cuts)
-                    reads = tuple(RunRead(int(p[0]), int(p[-1]) + 1, p) for p in pieces)
-                else:
-                    reads = tuple(RunRead(w, w + 1, np.array([w])) for w in distinct.tolist())
+                    reads = [
+                        RunRead(int(p[0]), int(p[-1]) + 1, p, int(first.min()))
+                        for p, first in zip(
+                            np.split(distinct, cuts), np.split(first_use, cuts), strict=True
+                        )
+                    ]
+                else:  # every window its own read
+                    reads = [
+                        RunRead(w, w + 1, np.array([w]), first)
+                        for w, first in zip(distinct.tolist(), first_use.tolist(), strict=True)
+                    ]
                 yield ReadGroup(
-                    reads=reads,
+                    reads=tuple(sorted(reads, key=lambda read: read.first_use)),
                     windows=windows,
                     steps=np.repeat(run_steps_array, size),
                     slots=np.tile(np.arange(size, dtype=np.int64), len(run)),
@@ -637,8 +644,8 @@ class _EpochOrder:
     """The block shuffle's order ``Q`` of one epoch: position -> window, O(1) per position.
 
     Buffers hold ``K`` runs of ``R`` windows, except the last (fewer runs) and the buffer
-    that holds the short last run (``deficit`` windows fewer); both are located by one
-    inverse permutation, so buffer starts are arithmetic.
+    that holds the short last run (``deficit`` windows fewer), which one inverse
+    permutation locates; so buffer starts are arithmetic.
     """
 
     def __init__(self, shuffle: BlockShuffle, epoch: int) -> None:
