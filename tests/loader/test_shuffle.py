@@ -454,7 +454,7 @@ def test_a_partial_run_is_read_as_its_span_down_to_a_sixteenth_of_it() -> None:
 
 
 def test_buffer_runs_are_capped_at_a_readers_share_of_runs() -> None:
-    assert buffer_runs_for(10_000, 100, 4) == 16  # 25 runs each: the default cap
+    assert buffer_runs_for(10_000, 100, 4) == 8  # 25 runs each: the default cap
     assert buffer_runs_for(10_000, 100, 4, most=30) == 25
     assert buffer_runs_for(10_000, 100, 40) == 2
     assert buffer_runs_for(10_000, 100, 1000) == 1

@@ -79,9 +79,10 @@ DEFAULT_RUN_BYTES = 4 << 20
 """Bytes of storage a run aims to cover: one 4 MiB range request (see ``docs/design.md``,
 "The block shuffle: runs, buffers and regions", for the measurements behind it)."""
 
-DEFAULT_BUFFER_RUNS = 16
+DEFAULT_BUFFER_RUNS = 8
 """Runs mixed together per worker (``K``): a batch's windows come from about ``K`` places
-of the source, and a worker holds ``K * run`` bytes (64 MiB with 4 MiB runs)."""
+of the source (one pair in nine shares a 4 MiB neighbourhood, measured), and a worker
+holds ``K * run`` bytes (32 MiB with 4 MiB runs) plus the next buffer it reads ahead."""
 
 SPAN_MIN_FILL = 1 / 16
 """Smallest share of a partial run's span that is needed for the span to be read whole
@@ -283,9 +284,10 @@ def buffer_runs_for(
     A reader (a DataLoader worker of a rank) owns about ``num_windows / readers`` windows,
     ``share`` runs' worth. Where its region starts or ends inside a buffer it reads every
     run of that buffer for part of their windows, about ``K`` runs per reader and phase
-    beyond its share; capping ``K`` at ``share`` keeps that at most about twice the share
-    for small datasets, and negligible for large ones. Choose it once, when an epoch order
-    is first made, and keep it (it defines the order) when the world size changes.
+    beyond its share; capping ``K`` at ``share`` keeps those extra reads to about the share
+    itself for small datasets (1.4-3.4x the payload bytes measured, see ``docs/design.md``)
+    and negligible for large ones. Choose it once, when an epoch order is first made, and
+    keep it (it defines the order) when the world size changes.
     """
     _check_int("buffer_runs_for", "readers", readers, 1)
     _check_int("buffer_runs_for", "run_windows", run_windows, 1)
