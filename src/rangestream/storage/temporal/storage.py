@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from rangestream.arguments import positive_integer
 from rangestream.errors import MetadataError, SchemaMismatchError
@@ -31,12 +33,17 @@ from rangestream.io.stats import IOStats
 from rangestream.io.store import ObjectStore
 from rangestream.layout.block import ArrayLayout
 from rangestream.layout.executors import Program
+from rangestream.io.ranges import ObjectRequest
 from rangestream.layout.manifest import ROOT_KEY, Manifest, data_prefix
-from rangestream.layout.pieces import RowRead, StoredArray
+from rangestream.layout.pieces import StoredArray
 from rangestream.storage.base import Storage
 from rangestream.storage.options import LayoutOptions
 from rangestream.storage.readers import AsyncReader, SyncReader
-from rangestream.storage.temporal.index import RecordIndex
+from rangestream.storage.temporal.index import (
+    DEFAULT_INDEX_CACHE_BYTES,
+    FrameCounts,
+    RecordIndex,
+)
 from rangestream.storage.temporal.read import OpenedTemporal
 from rangestream.storage.temporal.schema import (
     RECORD_ROWS,
@@ -44,7 +51,10 @@ from rangestream.storage.temporal.schema import (
     normalize_field_groups,
 )
 from rangestream.storage.temporal.write import (
+    FRAME_STARTS_ARRAY,
+    HISTOGRAM_ARRAY,
     INDEX_ARRAY,
+    IndexLayouts,
     TemporalShardEncoder,
     group_layouts,
     write_record_index,
@@ -70,6 +80,21 @@ DEFAULT_TEMPORAL_BLOCK_BYTES = 16 * 1024 * 1024
 #: over-fetched by hundreds of frames around a short window.
 DEFAULT_CHUNK_FRAMES = 32
 _INDEX_CHUNK_BYTES = 8 * 1024
+
+
+_MAX_ARRAY_JSON_BYTES = 64 * 1024
+
+
+def _array_length(raw: bytes, where: str, most: int) -> int:
+    """The length (first extent) of a Zarr array from its ``zarr.json``, at most ``most``."""
+    try:
+        shape = json.loads(raw)["shape"]
+        length = shape[0]
+    except (ValueError, KeyError, TypeError, IndexError, RecursionError) as error:
+        raise MetadataError(f"{where} is not a Zarr array document: {error}") from error
+    if type(length) is not int or not 0 <= length <= most:
+        raise MetadataError(f"{where}: length {length!r} is not in [0, {most}]")
+    return length
 
 
 def _concurrency(max_concurrency: int | None, max_concurrent_reads: int | None) -> int | None:
@@ -123,11 +148,13 @@ class TemporalArrayStorage(Storage):
         field_groups: Sequence[Sequence[str]] | None = None,
         *,
         chunk_frames: int = DEFAULT_CHUNK_FRAMES,
+        index_cache_bytes: int = DEFAULT_INDEX_CACHE_BYTES,
         **options: Any,
     ) -> None:
         super().__init__(url, **options)
         self.field_groups = normalize_field_groups(field_groups)
         self.chunk_frames = positive_integer(chunk_frames, "chunk_frames")
+        self.index_cache_bytes = positive_integer(index_cache_bytes, "index_cache_bytes")
         self._bound: TemporalSchema | None = None  # set on writer copies by the first record
         self._default_reader: TemporalReader | None = None
 
@@ -137,14 +164,17 @@ class TemporalArrayStorage(Storage):
         return state
 
     # -- layout and schema (writing) ------------------------------------------------------
-    def _index_layout(self) -> ArrayLayout:
-        return ArrayLayout.for_sizes(
-            _INT64,
-            (2,),
-            chunk_bytes=_INDEX_CHUNK_BYTES,
-            block_bytes=max(self.block_bytes, _INDEX_CHUNK_BYTES),
-            dense_chunks=self.dense_chunks,
-        )
+    def _index_layouts(self) -> IndexLayouts:
+        def layout(row_shape: tuple[int, ...]) -> ArrayLayout:
+            return ArrayLayout.for_sizes(
+                _INT64,
+                row_shape,
+                chunk_bytes=_INDEX_CHUNK_BYTES,
+                block_bytes=max(self.block_bytes, _INDEX_CHUNK_BYTES),
+                dense_chunks=self.dense_chunks,
+            )
+
+        return IndexLayouts(layout((2,)), layout(()), layout((2,)))
 
     def _group_layouts(self, schema: TemporalSchema) -> dict[str, ArrayLayout]:
         return group_layouts(schema, self._layout, self.chunk_frames, self.chunk_bytes)
@@ -165,7 +195,13 @@ class TemporalArrayStorage(Storage):
 
     def _schema(self) -> dict[str, Any]:
         schema = self._bound if self._bound is not None else TemporalSchema([], [])
-        return {**schema.to_json(), "index": self._index_layout().to_json()}
+        layouts = self._index_layouts()
+        return {
+            **schema.to_json(),
+            "index": layouts.rows.to_json(),
+            "frame_starts": layouts.frame_starts.to_json(),
+            "frame_histogram": layouts.histogram.to_json(),
+        }
 
     def _bind_record(self, data: Any) -> TemporalArrayStorage:
         if self._bound is not None:
@@ -197,16 +233,32 @@ class TemporalArrayStorage(Storage):
         schema = self._bound if self._bound is not None else TemporalSchema([], [])
         reader = RangeReader(store, retry=self.retry)
         await write_record_index(
-            store, manifest, schema, self._index_layout(), reader, f"{self.url} (commit)"
+            store, manifest, schema, self._index_layouts(), reader, f"{self.url} (commit)"
         )
 
     # -- schema and index (opening) ---------------------------------------------------------
-    def _stored_schema(self, manifest: Manifest, where: str) -> tuple[TemporalSchema, ArrayLayout]:
+    def _stored_schema(
+        self, manifest: Manifest, where: str
+    ) -> tuple[TemporalSchema, ArrayLayout, ArrayLayout | None, ArrayLayout | None]:
         stored = manifest.schema
         schema = TemporalSchema.from_json(stored, where)
         index_layout = ArrayLayout.from_json(stored.get("index"), f"{where} index layout")
         if index_layout.dtype != _INT64 or index_layout.row_shape != (2,):
             raise MetadataError(f"{where}: the record index must be int64 rows of shape (2,)")
+        # the cumulative index and the histogram: absent from datasets written before them
+        starts_layout = histogram_layout = None
+        if "frame_starts" in stored:
+            starts_layout = ArrayLayout.from_json(stored["frame_starts"], f"{where} frame_starts")
+            if starts_layout.dtype != _INT64 or starts_layout.row_shape != ():
+                raise MetadataError(f"{where}: index/frame_starts must be int64 values")
+        if "frame_histogram" in stored:
+            histogram_layout = ArrayLayout.from_json(
+                stored["frame_histogram"], f"{where} frame_histogram"
+            )
+            if histogram_layout.dtype != _INT64 or histogram_layout.row_shape != (2,):
+                raise MetadataError(
+                    f"{where}: index/frame_histogram must be int64 rows of shape (2,)"
+                )
         expected = {RECORD_ROWS, *(group.array for group in schema.groups)}
         if set(manifest.arrays) != expected:
             raise MetadataError(
@@ -231,22 +283,39 @@ class TemporalArrayStorage(Storage):
                 f"{[list(group) for group in self.field_groups]} was given; changing the "
                 "grouping means rewriting (omit field_groups to read the stored layout)"
             )
-        return schema, index_layout
+        return schema, index_layout, starts_layout, histogram_layout
 
     def _check_schema(self, manifest: Manifest) -> None:
         self._stored_schema(manifest, f"{self.url}/{ROOT_KEY}")
 
     def _open_index(self, manifest: Manifest) -> Program[RecordIndex]:
+        """The record index, read by range later: opening reads nothing past the root."""
         where = f"{self.url}/{ROOT_KEY}"
-        schema, index_layout = self._stored_schema(manifest, where)
+        schema, index_layout, starts_layout, histogram_layout = self._stored_schema(
+            manifest, where
+        )
         total = int(manifest.lengths[RECORD_ROWS].sum())
-        records = np.empty((0, 2), dtype=_INT64)
-        if total:
-            key = f"{data_prefix(manifest.commit_id)}/{INDEX_ARRAY}"
-            read = RowRead.whole(StoredArray(key, index_layout, total, "record_rows"), 0, total)
-            yield [read]
-            records = read.target.reshape(-1).view(_INT64).reshape(-1, 2)
-        return RecordIndex(manifest, schema, records, where)
+        prefix = data_prefix(manifest.commit_id)
+        rows = StoredArray(f"{prefix}/{INDEX_ARRAY}", index_layout, total, "record_rows")
+        starts = None
+        if starts_layout is not None:
+            entries = -(-total // index_layout.chunk_rows) + 1
+            starts = StoredArray(f"{prefix}/{FRAME_STARTS_ARRAY}", starts_layout, entries,
+                                 "frame_starts")  # fmt: skip
+        histogram = None
+        if histogram_layout is not None:
+            key = f"{prefix}/{HISTOGRAM_ARRAY}"
+
+            def histogram() -> Program[StoredArray]:
+                # its length is the number of distinct frame counts: in its Zarr metadata
+                (raw,) = yield [ObjectRequest(f"{key}/zarr.json", _MAX_ARRAY_JSON_BYTES)]
+                length = _array_length(bytes(raw), f"{where}: {key}/zarr.json", total)
+                return StoredArray(key, histogram_layout, length, "frame_histogram")
+
+        return RecordIndex(
+            manifest, schema, rows, starts, histogram, where, self.index_cache_bytes
+        )
+        yield  # a program: it reads nothing
 
     # -- readers ------------------------------------------------------------------------------
     def _reader(self) -> TemporalReader:
@@ -256,22 +325,45 @@ class TemporalArrayStorage(Storage):
         return reader
 
     @property
-    def frame_counts(self) -> np.ndarray:
-        """Frames of every record (read-only ``int64``), in global shard-by-shard order."""
+    def frame_counts(self) -> FrameCounts:
+        """Frames of every record, in global shard-by-shard order: a lazy read-only ``int64``
+        array-like (``counts[i]``, slices, index arrays, ``len``, iteration,
+        ``np.asarray``) that reads the record index by range as it is used."""
         return self._reader().frame_counts
 
     def __len__(self) -> int:
         """Number of records."""
         return len(self._reader())
 
-    def __getitem__(self, record: int) -> dict[str, np.ndarray]:
+    def __getitem__(self, record: int) -> dict[str, Any]:
         """The whole record: every field, all frames (negative indexes count from the end)."""
         return self._reader()[record]
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        """Every record, whole, in order (read a batch of records at a time)."""
+        return iter(self._reader())
 
     @property
     def fields(self) -> list[str]:
         """Field names, in the order of the first record written."""
         return self._reader().fields
+
+    @property
+    def total_frames(self) -> int:
+        """Frames of all records together (read from the cumulative index once)."""
+        return self._reader().total_frames
+
+    def locate_frames(self, positions: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+        """See ``TemporalReader.locate_frames``."""
+        return self._reader().locate_frames(positions)
+
+    def frame_histogram(self) -> tuple[np.ndarray, np.ndarray]:
+        """See ``TemporalReader.frame_histogram``."""
+        return self._reader().frame_histogram()
+
+    def count_windows(self, frames: int) -> tuple[int, int]:
+        """See ``TemporalReader.count_windows``."""
+        return self._reader().count_windows(frames)
 
     def read_window(
         self,
@@ -282,7 +374,7 @@ class TemporalArrayStorage(Storage):
         *,
         max_concurrency: int | None = None,
         max_concurrent_reads: int | None = None,
-    ) -> dict[str, np.ndarray]:
+    ) -> dict[str, Any]:
         """Frames ``[start, start + frames)`` of some fields of one record.
 
         Parameters
@@ -292,7 +384,8 @@ class TemporalArrayStorage(Storage):
         start, frames
             The window; it must lie inside the record (no padding, no truncation).
         fields
-            Field names to return; ``None`` means all, ``[]`` returns ``{}`` without reading.
+            Field names to return (each at most once); ``None`` means all, ``[]`` returns
+            ``{}`` without reading.
         max_concurrency, max_concurrent_reads
             Requests in flight for this window (one name or the other; LitData calls it
             ``max_concurrent_reads``); the storage's ``max_concurrency`` by default.
@@ -300,10 +393,12 @@ class TemporalArrayStorage(Storage):
         Returns
         -------
         dict
-            Field name to a new numpy array ``(frames, *trailing)`` with the stored dtype,
-            writable and owning its memory. On a local path the window is copied out of
-            memory-mapped blocks in the calling thread; elsewhere the bytes are fetched on
-            the process's I/O loop.
+            Field name to a new array ``(frames, *trailing)`` with the stored dtype,
+            writable and owning its memory: a numpy array, or a torch tensor for a field
+            written as one. On a local path the window is copied out of memory-mapped
+            blocks in the calling thread; elsewhere the bytes are fetched on the
+            process's I/O loop. The first window of a record whose index entry is not
+            cached reads it first (one more request).
         """
         return self._reader().read_window(
             record, start, frames, fields,
@@ -319,7 +414,7 @@ class TemporalArrayStorage(Storage):
         *,
         max_concurrency: int | None = None,
         max_concurrent_reads: int | None = None,
-    ) -> dict[str, np.ndarray]:
+    ) -> dict[str, Any]:
         """``read_window`` for async callers; many may run at once on any event loop.
 
         The bound on requests in flight holds for this call; the process-wide bound
@@ -341,7 +436,7 @@ class TemporalArrayStorage(Storage):
 
     def close(self) -> None:
         """Release this process's open files, mappings or I/O-loop connections; reads make
-        them again (the opened version, record index included, is kept)."""
+        them again (the opened version, record index cache included, is kept)."""
         opened = self._default_opening.opened.value
         if opened is not None:
             opened.release_sync()
@@ -363,8 +458,8 @@ class _TemporalFacts:
     opened: Any
 
     @property
-    def frame_counts(self) -> np.ndarray:
-        return self.opened.index.frame_counts  # type: ignore[no-any-return]
+    def frame_counts(self) -> FrameCounts:
+        return self.opened.frame_counts  # type: ignore[no-any-return]
 
     @property
     def fields(self) -> list[str]:
@@ -374,14 +469,75 @@ class _TemporalFacts:
         return len(self.opened.index)
 
 
+#: Records read per step when iterating whole records.
+_ITERATION_RECORDS = 64
+
+
 class TemporalReader(_TemporalFacts, SyncReader):
     """Sync windows and records of a temporal storage."""
 
-    def __getitem__(self, record: int) -> dict[str, np.ndarray]:
+    def __getitem__(self, record: int) -> dict[str, Any]:
         """The whole record: every field, all frames (negative indexes count from the end)."""
-        index = self.opened.index
-        record = index.check_record(record)
-        return self.read_window(record, 0, index.frame_counts.item(record))
+        opened = self.opened
+        record = opened.index.check_record(record)
+        (result,) = opened.run_sync(opened.records([record], opened.selection(None)))
+        return result  # type: ignore[no-any-return]
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        count = len(self)
+        for low in range(0, count, _ITERATION_RECORDS):
+            yield from self.read_records(range(low, min(count, low + _ITERATION_RECORDS)))
+
+    def read_records(
+        self, records: Sequence[int], fields: Sequence[str] | None = None
+    ) -> list[dict[str, Any]]:
+        """Whole records (negative indexes count from the end), read together: their index
+        entries in one round if any is missing, then one round of coalesced ranges."""
+        opened = self.opened
+        checked = [opened.index.check_record(record) for record in records]
+        selection = opened.selection(fields)
+        if not checked:
+            return []
+        return opened.run_sync(opened.records(checked, selection))  # type: ignore[no-any-return]
+
+    @property
+    def total_frames(self) -> int:
+        """Frames of all records together."""
+        opened = self.opened
+        return int(opened.run_sync(opened.index.frame_starts())[-1])
+
+    def locate_frames(self, positions: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+        """The record holding each global frame number, and the frame's number within it.
+
+        Global frames number the frames of record 0, then record 1, and so on
+        (``[0, total_frames)``). This is what a sampler needs to draw windows uniformly
+        over all frames of a dataset of any size: it reads the cumulative index
+        (``index/frame_starts``, 8 bytes per inner chunk of the record index) once, then
+        the record index chunk holding each position (cached), never every record.
+
+        Returns
+        -------
+        records, starts : numpy.ndarray
+            ``int64`` arrays shaped like ``positions``.
+        """
+        opened = self.opened
+        return opened.run_sync(opened.index.locate_frames(np.asarray(positions)))  # type: ignore[no-any-return]
+
+    def frame_histogram(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(frames, records)``: every distinct frame count, ascending, and how many
+        records have it, read once from ``index/frame_histogram``."""
+        opened = self.opened
+        return opened.run_sync(opened.index.histogram())  # type: ignore[no-any-return]
+
+    def count_windows(self, frames: int) -> tuple[int, int]:
+        """``(records, windows)``: records with at least ``frames`` frames, and distinct
+        ``(record, start)`` windows of ``frames`` frames, from the histogram."""
+        frames = positive_integer(frames, "frames")
+        values, records = self.frame_histogram()
+        eligible = values >= frames
+        return int(records[eligible].sum()), int(
+            (records[eligible] * (values[eligible] - frames + 1)).sum()
+        )
 
     def read_window(
         self,
@@ -392,7 +548,7 @@ class TemporalReader(_TemporalFacts, SyncReader):
         *,
         max_concurrency: int | None = None,
         max_concurrent_reads: int | None = None,
-    ) -> dict[str, np.ndarray]:
+    ) -> dict[str, Any]:
         """See ``TemporalArrayStorage.read_window``."""
         opened = self._opening.opened.value or self._opening.get_sync()
         if max_concurrency is None and max_concurrent_reads is None:
@@ -402,7 +558,7 @@ class TemporalReader(_TemporalFacts, SyncReader):
             bound = None
         else:
             bound = _concurrency(max_concurrency, max_concurrent_reads)
-        record, start, frames = opened.index.check_window(record, start, frames)
+        record, start, frames = opened.index.check_arguments(record, start, frames)
         selection = opened.selection(fields)
         if not selection.outputs:
             return {}
@@ -411,7 +567,7 @@ class TemporalReader(_TemporalFacts, SyncReader):
 
 
 class AsyncTemporalReader(_TemporalFacts, AsyncReader):
-    """Async windows of a temporal storage."""
+    """Async windows and records of a temporal storage."""
 
     async def read_window(
         self,
@@ -422,12 +578,34 @@ class AsyncTemporalReader(_TemporalFacts, AsyncReader):
         *,
         max_concurrency: int | None = None,
         max_concurrent_reads: int | None = None,
-    ) -> dict[str, np.ndarray]:
+    ) -> dict[str, Any]:
         opened = await self._opened()
         return await _aread_window(
             opened, record, start, frames, fields,
             _concurrency(max_concurrency, max_concurrent_reads),
         )  # fmt: skip
+
+    async def read_records(
+        self,
+        records: Sequence[int],
+        fields: Sequence[str] | None = None,
+        *,
+        max_concurrency: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """``TemporalReader.read_records`` on the running loop."""
+        opened = await self._opened()
+        checked = [opened.index.check_record(record) for record in records]
+        selection = opened.selection(fields)
+        if not checked:
+            return []
+        return await opened.run(  # type: ignore[no-any-return]
+            opened.records(checked, selection), max_concurrency=max_concurrency
+        )
+
+    async def get(self, record: int) -> dict[str, Any]:
+        """The whole record (``await reader.get(i)``)."""
+        (result,) = await self.read_records([record])
+        return result
 
 
 async def _aread_window(
@@ -437,8 +615,8 @@ async def _aread_window(
     frames: Any,
     fields: Sequence[str] | None,
     bound: int | None,
-) -> dict[str, np.ndarray]:
-    record, start, frames = opened.index.check_window(record, start, frames)
+) -> dict[str, Any]:
+    record, start, frames = opened.index.check_arguments(record, start, frames)
     selection = opened.selection(fields)
     if not selection.outputs:
         return {}
