@@ -207,7 +207,8 @@ def test_torch_tensors_written_come_back_as_torch_tensors_of_their_dtype(
             assert isinstance(got[name], torch.Tensor), name
             assert got[name].dtype == tensor.dtype and got[name].shape == (4, *tensor.shape[1:])
             assert torch.equal(got[name], tensor[1:5]), name
-        assert type(got["plain"]) is np.ndarray and np.array_equal(got["plain"], record["plain"][1:5])
+        assert type(got["plain"]) is np.ndarray
+        assert np.array_equal(got["plain"], record["plain"][1:5])
 
 
 def test_a_torch_tensor_without_a_numpy_dtype_is_refused_by_name(tmp_path: Path) -> None:

@@ -99,8 +99,7 @@ class RecordIndex:
             )
         if rows is not None and rows.length != self.count:
             raise CorruptDataError(
-                f"{where}: the record index holds {rows.length} records, the manifest "
-                f"{self.count}"
+                f"{where}: the record index holds {rows.length} records, the manifest {self.count}"
             )
         self.rows = rows
         self.chunk_rows = rows.layout.chunk_rows if rows is not None else 1
@@ -146,8 +145,7 @@ class RecordIndex:
             frames = integer(frames, "frames")
         if not 0 <= record < self.count:
             raise OutOfRangeError(
-                f"record {record} is outside the dataset's {self.count} records "
-                f"[0, {self.count})"
+                f"record {record} is outside the dataset's {self.count} records [0, {self.count})"
             )
         if frames <= 0:
             raise WindowError(f"frames must be >= 1, got {frames} (record {record})")
@@ -319,8 +317,7 @@ class RecordIndex:
         if records.size and (int(records.min()) < 0 or int(records.max()) >= self.count):
             bad = records[(records < 0) | (records >= self.count)][0]
             raise OutOfRangeError(
-                f"record {int(bad)} is outside the dataset's {self.count} records "
-                f"[0, {self.count})"
+                f"record {int(bad)} is outside the dataset's {self.count} records [0, {self.count})"
             )
         chunks = np.unique(records // self.chunk_rows).tolist()
         out = np.empty(records.shape, dtype=np.int64)

@@ -158,7 +158,9 @@ class OpenedTemporal(OpenedStorage):
             yield reads
         return window.result()
 
-    def records(self, records: Sequence[int], selection: Selection) -> Program[list[dict[str, Any]]]:
+    def records(
+        self, records: Sequence[int], selection: Selection
+    ) -> Program[list[dict[str, Any]]]:
         """Program reading whole records (checked indexes): their index entries in one step
         if any is not cached, then every record's group rows in one step, whose ranges the
         executor coalesces (adjacent records of a shard are one request per group)."""
@@ -230,9 +232,7 @@ class _Window:
         self.opened = opened
         self.selection = selection
         self.frames = frames
-        self.made: tuple[dict[str, np.ndarray], list[tuple[int, tuple[Output, ...]]]] | None = (
-            None
-        )
+        self.made: tuple[dict[str, np.ndarray], list[tuple[int, tuple[Output, ...]]]] | None = None
 
     def _outputs_of(self, position: int) -> Callable[[RowRead], tuple[Output, ...]]:
         def make(_read: RowRead) -> tuple[Output, ...]:

@@ -29,11 +29,11 @@ from rangestream.arguments import positive_integer
 from rangestream.errors import MetadataError, SchemaMismatchError
 from rangestream.io.local import INLINE_READ_BYTES
 from rangestream.io.range_reader import RangeReader
+from rangestream.io.ranges import ObjectRequest
 from rangestream.io.stats import IOStats
 from rangestream.io.store import ObjectStore
 from rangestream.layout.block import ArrayLayout
 from rangestream.layout.executors import Program
-from rangestream.io.ranges import ObjectRequest
 from rangestream.layout.manifest import ROOT_KEY, Manifest, data_prefix
 from rangestream.layout.pieces import StoredArray
 from rangestream.storage.base import Storage
@@ -291,9 +291,7 @@ class TemporalArrayStorage(Storage):
     def _open_index(self, manifest: Manifest) -> Program[RecordIndex]:
         """The record index, read by range later: opening reads nothing past the root."""
         where = f"{self.url}/{ROOT_KEY}"
-        schema, index_layout, starts_layout, histogram_layout = self._stored_schema(
-            manifest, where
-        )
+        schema, index_layout, starts_layout, histogram_layout = self._stored_schema(manifest, where)
         total = int(manifest.lengths[RECORD_ROWS].sum())
         prefix = data_prefix(manifest.commit_id)
         rows = StoredArray(f"{prefix}/{INDEX_ARRAY}", index_layout, total, "record_rows")
@@ -312,9 +310,7 @@ class TemporalArrayStorage(Storage):
                 length = _array_length(bytes(raw), f"{where}: {key}/zarr.json", total)
                 return StoredArray(key, histogram_layout, length, "frame_histogram")
 
-        return RecordIndex(
-            manifest, schema, rows, starts, histogram, where, self.index_cache_bytes
-        )
+        return RecordIndex(manifest, schema, rows, starts, histogram, where, self.index_cache_bytes)
         yield  # a program: it reads nothing
 
     # -- readers ------------------------------------------------------------------------------
