@@ -83,6 +83,8 @@ _INDEX_CHUNK_BYTES = 8 * 1024
 
 
 _MAX_ARRAY_JSON_BYTES = 64 * 1024
+#: ``StoredArray.ident`` of the index arrays (group arrays count from 1).
+_INDEX_IDENT = 1 << 20
 
 
 def _array_length(raw: bytes, where: str, most: int) -> int:
@@ -294,12 +296,16 @@ class TemporalArrayStorage(Storage):
         schema, index_layout, starts_layout, histogram_layout = self._stored_schema(manifest, where)
         total = int(manifest.lengths[RECORD_ROWS].sum())
         prefix = data_prefix(manifest.commit_id)
-        rows = StoredArray(f"{prefix}/{INDEX_ARRAY}", index_layout, total, "record_rows")
+        # idents apart from the group arrays' (``OpenedStorage.array`` counts from 1): mapped
+        # blocks are found by ident
+        rows = StoredArray(
+            f"{prefix}/{INDEX_ARRAY}", index_layout, total, "record_rows", _INDEX_IDENT
+        )
         starts = None
         if starts_layout is not None:
             entries = -(-total // index_layout.chunk_rows) + 1
             starts = StoredArray(f"{prefix}/{FRAME_STARTS_ARRAY}", starts_layout, entries,
-                                 "frame_starts")  # fmt: skip
+                                 "frame_starts", _INDEX_IDENT + 1)  # fmt: skip
         histogram = None
         if histogram_layout is not None:
             key = f"{prefix}/{HISTOGRAM_ARRAY}"
@@ -308,7 +314,9 @@ class TemporalArrayStorage(Storage):
                 # its length is the number of distinct frame counts: in its Zarr metadata
                 (raw,) = yield [ObjectRequest(f"{key}/zarr.json", _MAX_ARRAY_JSON_BYTES)]
                 length = _array_length(bytes(raw), f"{where}: {key}/zarr.json", total)
-                return StoredArray(key, histogram_layout, length, "frame_histogram")
+                return StoredArray(
+                    key, histogram_layout, length, "frame_histogram", _INDEX_IDENT + 2
+                )
 
         return RecordIndex(manifest, schema, rows, starts, histogram, where, self.index_cache_bytes)
         yield  # a program: it reads nothing
@@ -343,6 +351,12 @@ class TemporalArrayStorage(Storage):
     def fields(self) -> list[str]:
         """Field names, in the order of the first record written."""
         return self._reader().fields
+
+    def read_records(
+        self, records: Sequence[int], fields: Sequence[str] | None = None
+    ) -> list[dict[str, Any]]:
+        """See ``TemporalReader.read_records``."""
+        return self._reader().read_records(records, fields)
 
     @property
     def total_frames(self) -> int:
