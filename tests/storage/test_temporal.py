@@ -976,3 +976,107 @@ def test_a_dataset_of_the_older_unpadded_layout_is_refused_by_name(tmp_path: Pat
     root_path.write_text(json.dumps(root))
     with pytest.raises(MetadataError, match=r"temporal schema version 1 is not supported.*rewrite"):
         TemporalArrayStorage(tmp_path / "ds").read_window(0, 0, 1)
+
+
+# -- LitData's contract: argument validation, the mapped switch, errors ----------------------
+def test_read_window_takes_max_concurrent_reads_or_max_concurrency(location: Location) -> None:
+    write(location.url, storage_options=location.storage_options, **SMALL)
+    storage = open_storage(location)
+    for options in ({"max_concurrent_reads": 1}, {"max_concurrency": 3}, {}):
+        got = storage.read_window(5, 17, 90, ["features", "pose"], **options)  # 300 frames
+        assert_window(got, EXPECTED[5], 17, 90, ["features", "pose"])
+    with pytest.raises(TypeError, match="not both"):
+        storage.read_window(6, 0, 1, max_concurrency=2, max_concurrent_reads=2)
+
+
+@pytest.mark.parametrize("bound", [True, 1.5, 0, -2, "4"], ids=repr)
+def test_a_bound_that_is_not_a_positive_integer_is_a_value_error(
+    written: TemporalArrayStorage, bound: Any
+) -> None:
+    with pytest.raises(ValueError, match="max_concurrent_reads must be an integer >= 1"):
+        written.read_window(0, 0, 1, max_concurrent_reads=bound)
+    with pytest.raises(ValueError, match="max_concurrent_reads must be an integer >= 1"):
+        asyncio.run(written.aread_window(0, 0, 1, max_concurrent_reads=bound))
+    with pytest.raises(ValueError, match="must be an integer >= 1"):
+        written.read_window(0, 0, 1, max_concurrency=bound)
+
+
+def test_a_field_asked_for_twice_is_refused(written: TemporalArrayStorage) -> None:
+    with pytest.raises(ValueError, match=r"\['valid'\] are asked for more than once"):
+        written.read_window(0, 0, 1, ["valid", "pose", "valid"])
+    with pytest.raises(ValueError, match="more than once"):
+        asyncio.run(written.aread_window(0, 0, 1, ["clock", "clock"]))
+
+
+@pytest.mark.parametrize("groups", [["clock"], "clock", [["pose"], "valid"]], ids=repr)
+def test_a_string_where_a_field_group_is_expected_is_a_value_error(
+    tmp_path: Path, groups: Any
+) -> None:
+    with pytest.raises(ValueError, match="string"):
+        TemporalArrayStorage(tmp_path / "ds", field_groups=groups)
+
+
+def _mapped_in_use(storage: TemporalArrayStorage) -> bool:
+    opened = storage._default_opening.opened.value
+    assert opened is not None
+    return opened.mapped is not None
+
+
+@pytest.mark.parametrize("switch", ["option", "read_options", "environment"])
+def test_mapped_reads_can_be_switched_off_and_windows_come_from_pread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, switch: str
+) -> None:
+    from rangestream.storage.options import ReadOptions
+
+    write(str(tmp_path / "ds"))
+    preads: list[str] = []
+    original = LocalStore.get_range_sync
+
+    def counting(self: LocalStore, key: str, start: int, end: int) -> bytes:
+        preads.append(key)
+        return original(self, key, start, end)
+
+    monkeypatch.setattr(LocalStore, "get_range_sync", counting)
+    if switch == "option":
+        storage = TemporalArrayStorage(tmp_path / "ds", mapped=False)
+    elif switch == "read_options":
+        storage = TemporalArrayStorage(tmp_path / "ds", read_options=ReadOptions(mapped=False))
+    else:
+        monkeypatch.setenv("RANGESTREAM_MAPPED_READS", "0")
+        storage = TemporalArrayStorage(tmp_path / "ds")
+    for record, start, frames in random_windows(10, seed=31):
+        assert_window(storage.read_window(record, start, frames), EXPECTED[record], start, frames,
+                      None)  # fmt: skip
+    assert not _mapped_in_use(storage)
+    assert sum("/features/c/" in key for key in preads) == 10  # one pread per window and group
+    monkeypatch.delenv("RANGESTREAM_MAPPED_READS", raising=False)
+    mapped = TemporalArrayStorage(tmp_path / "ds")  # the default maps blocks
+    mapped.read_window(0, 0, 1)
+    assert _mapped_in_use(mapped)
+
+
+def test_storage_errors_are_oserrors_and_keep_the_library_base() -> None:
+    from rangestream.errors import (
+        CorruptDataError,
+        MissingObjectError,
+        RangestreamError,
+        StorageError,
+    )
+
+    for error in (TruncatedObjectError, ChecksumError, MissingObjectError, MetadataError,
+                  CorruptDataError, StorageError):  # fmt: skip
+        assert issubclass(error, OSError) and issubclass(error, RangestreamError), error
+    assert issubclass(TruncatedObjectError, ValueError)  # as it was
+    assert str(TruncatedObjectError("x of y")) == "x of y"  # not OSError's "[Errno ...]"
+
+
+@pytest.mark.usefixtures("copies")
+def test_a_truncated_block_is_caught_as_an_oserror(tmp_path: Path) -> None:
+    write(str(tmp_path / "ds"))
+    block = block_file(tmp_path / "ds", 0, "features", 0)
+    with open(block, "r+b") as handle:
+        handle.truncate(FEATURE_STORED)
+    storage = TemporalArrayStorage(tmp_path / "ds")
+    with pytest.raises(OSError, match="shorter than the dataset's metadata says") as caught:
+        storage.read_window(1, 60, 10, ["features"])
+    assert isinstance(caught.value, TruncatedObjectError)
