@@ -1080,3 +1080,48 @@ def test_a_truncated_block_is_caught_as_an_oserror(tmp_path: Path) -> None:
     with pytest.raises(OSError, match="shorter than the dataset's metadata says") as caught:
         storage.read_window(1, 60, 10, ["features"])
     assert isinstance(caught.value, TruncatedObjectError)
+
+
+# -- a block truncated while mapped ------------------------------------------------------------
+def _truncate_while_mapped(path: str, block: str, queue: Any) -> None:
+    """In a child (a SIGBUS kills it, not the test): map and verify a block through windows,
+    truncate it, then read windows that lie past the cut and across it."""
+    storage = TemporalArrayStorage(path)
+    outcomes = []
+    # shard 0 holds EXPECTED[0..2] from row 0: rows 0, 1..120, 121..195; 32 rows a chunk
+    for record, start, frames in [(1, 0, 120), (2, 0, 75)]:
+        storage.read_window(record, start, frames, ["features"])  # mapped, chunks verified
+    with open(block, "r+b") as handle:
+        handle.truncate(3 * FEATURE_STORED + 100)  # chunks 0..2 whole, chunk 3 cut
+    for record, start, frames in [(2, 10, 10), (1, 95, 20), (1, 0, 60)]:
+        try:
+            got = storage.read_window(record, start, frames, ["features"])
+        except TruncatedObjectError as error:
+            outcomes.append(("truncated", str(error)))
+        else:
+            want = EXPECTED[record]["features"][start : start + frames]
+            outcomes.append(("equal" if np.array_equal(got["features"], want) else "wrong", ""))
+    queue.put(outcomes)
+
+
+def test_a_block_truncated_while_mapped_raises_instead_of_sigbus_or_zeros(
+    tmp_path: Path, copies: Copies
+) -> None:
+    write(str(tmp_path / "ds"))
+    block = block_file(tmp_path / "ds", 0, "features", 0)
+    assert block.stat().st_size > 3 * 4096  # pages past the cut fault when touched
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(
+        target=_truncate_while_mapped, args=(str(tmp_path / "ds"), str(block), queue)
+    )
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0, f"the reader died (exit code {child.exitcode}, -7 is SIGBUS)"
+    past, across, before = queue.get(timeout=5)
+    # rows 131..140: chunk 4, in a page wholly past the new end (SIGBUS when touched)
+    assert past[0] == "truncated" and str(block) in past[1]
+    # rows 96..115: chunk 3, verified before the cut, now past the end in its last page
+    # (whose bytes past the end read as zeros)
+    assert across[0] == "truncated"
+    assert before == ("equal", "")  # rows 1..60 are still there and still read

@@ -390,6 +390,11 @@ class MappedExecutor:
                     entries.files.move_to_end(key)  # type: ignore[union-attr]
                 except KeyError:  # dropped by another thread just now: still valid to use
                     pass
+            if mapped.live_size() < ((row + rows - 1) // chunk_rows + 1) * stored:
+                entries = holder.value  # truncated while mapped: a copy could fault (SIGBUS)
+                if entries is not None and entries.files.get(key) is mapped:
+                    entries.files.pop(key, None)  # mapped again at its size when next used
+                return False  # nothing counted: the program reads it and names the damage
             flags = mapped.verified if verify else None
             data = mapped.data
             status = copy_piece(data, outputs, row, rows, chunk_rows, stored, row_nbytes, flags,
@@ -424,6 +429,9 @@ class MappedExecutor:
             mapped = self.mapping(piece.array, piece.block, piece.end_chunk)
             if mapped is None:
                 return None
+            if mapped.live_size() < piece.end_chunk * piece.array.stored:
+                self._forget(piece.array.block_base + piece.block, mapped)
+                return None  # truncated while mapped: the remote executor names the damage
             mapped_pieces.append((piece, mapped))
         self._count(cut)
         for piece, mapped in mapped_pieces:
@@ -454,6 +462,12 @@ class MappedExecutor:
         for read in reads:
             read.ready()  # reads of no rows get their (empty) outputs too
         return [None] * len(step)
+
+    def _forget(self, key: int, mapped: MappedFile) -> None:
+        """Drop ``mapped`` (found short of its mapped size): mapped again when next used."""
+        files = self.maps.entries()
+        if files.get(key) is mapped:
+            files.pop(key, None)
 
     def _count(self, cut: list[Piece]) -> None:
         """Count the requests the remote executor would make for ``cut``: its coalesced spans."""
