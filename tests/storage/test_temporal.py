@@ -765,8 +765,10 @@ def block_file(root: Path, shard: int, array: str, block: int) -> Path:
     return root / attributes["data_prefix"] / "shards" / str(shard) / array / "c" / str(block) / "0"
 
 
-# Default layout: features rows are 64 bytes, so 32 frames (2048 B + 4 B crc) per inner chunk
-# and one block per shard: every window of the test records is served from a mapping.
+# Layouts sized for windows of 256 frames: features rows are 64 bytes, so 32 frames (2048 B
+# + 4 B crc) per inner chunk, and one block per shard: every window of the test records is
+# served from a mapping. (Sized for the default 64-frame windows, chunks hold 8 frames.)
+CHUNKS_OF_32 = {"window_frames": 256}
 FEATURE_CHUNK_ROWS, FEATURE_STORED = 32, 32 * 64 + 4
 
 
@@ -807,7 +809,7 @@ def test_mapped_windows_of_a_field_alone_in_its_group_start_anywhere_in_a_chunk(
     tmp_path: Path,
 ) -> None:
     """``features`` is copied as chunk runs: every start in a chunk, every length class."""
-    write(str(tmp_path / "ds"))
+    write(str(tmp_path / "ds"), **CHUNKS_OF_32)
     storage = TemporalArrayStorage(tmp_path / "ds")
     record = ORDER.index(6)  # 300 frames, inside one block
     chunk = FEATURE_CHUNK_ROWS
@@ -848,7 +850,7 @@ def test_async_local_windows_come_from_mapped_blocks_inline_or_in_a_thread(
 
 @pytest.mark.usefixtures("no_pread", "copies")
 def test_a_corrupted_chunk_is_detected_on_its_first_read_from_a_mapping(tmp_path: Path) -> None:
-    write(str(tmp_path / "ds"))
+    write(str(tmp_path / "ds"), **CHUNKS_OF_32)
     block = block_file(tmp_path / "ds", 0, "features", 0)
     data = bytearray(block.read_bytes())
     data[FEATURE_STORED + 100] ^= 0x01  # inner chunk 1: shard 0 rows 32..63
@@ -868,7 +870,7 @@ def test_each_mapped_inner_chunk_is_verified_once_per_process(
 ) -> None:
     import rangestream.layout.checksums as checksums
 
-    write(str(tmp_path / "ds"))
+    write(str(tmp_path / "ds"), **CHUNKS_OF_32)
     storage = TemporalArrayStorage(tmp_path / "ds")
     storage.frame_counts.tolist()  # opens, and reads the record index whole
     checked: list[int] = []
@@ -890,7 +892,7 @@ def test_each_mapped_inner_chunk_is_verified_once_per_process(
 
 @pytest.mark.usefixtures("copies")
 def test_a_block_shorter_than_its_layout_fails_only_for_the_missing_chunks(tmp_path: Path) -> None:
-    write(str(tmp_path / "ds"))
+    write(str(tmp_path / "ds"), **CHUNKS_OF_32)
     block = block_file(tmp_path / "ds", 0, "features", 0)
     with open(block, "r+b") as handle:
         handle.truncate(2 * FEATURE_STORED)  # chunks 0 and 1 left, no chunk index
@@ -1072,7 +1074,7 @@ def test_storage_errors_are_oserrors_and_keep_the_library_base() -> None:
 
 @pytest.mark.usefixtures("copies")
 def test_a_truncated_block_is_caught_as_an_oserror(tmp_path: Path) -> None:
-    write(str(tmp_path / "ds"))
+    write(str(tmp_path / "ds"), **CHUNKS_OF_32)
     block = block_file(tmp_path / "ds", 0, "features", 0)
     with open(block, "r+b") as handle:
         handle.truncate(FEATURE_STORED)
@@ -1107,7 +1109,7 @@ def _truncate_while_mapped(path: str, block: str, queue: Any) -> None:
 def test_a_block_truncated_while_mapped_raises_instead_of_sigbus_or_zeros(
     tmp_path: Path, copies: Copies
 ) -> None:
-    write(str(tmp_path / "ds"))
+    write(str(tmp_path / "ds"), **CHUNKS_OF_32)
     block = block_file(tmp_path / "ds", 0, "features", 0)
     assert block.stat().st_size > 3 * 4096  # pages past the cut fault when touched
     context = multiprocessing.get_context("fork")

@@ -51,6 +51,7 @@ from rangestream.storage.temporal.schema import (
     normalize_field_groups,
 )
 from rangestream.storage.temporal.write import (
+    DEFAULT_WINDOW_FRAMES,
     FRAME_STARTS_ARRAY,
     HISTOGRAM_ARRAY,
     INDEX_ARRAY,
@@ -131,8 +132,18 @@ class TemporalArrayStorage(Storage):
         window (over-fetch). Unlisted fields are stored alone with their own dtype and shape.
         Readers discover the grouping from the store; if given when reading, it must match.
     chunk_frames
-        Most frames per inner chunk (default 32), so narrow groups are not over-fetched.
-        Inner chunks hold a power of two of frames.
+        Most frames per inner chunk (default 32). Inner chunks hold a power of two of
+        frames, chosen per field group by its row size so that a window of
+        ``window_frames`` frames fetches at most 25% more than its payload wherever it
+        starts (whole inner chunks and their checksums are the price of checking partial
+        reads); rows of a few bytes cannot meet that bound (their chunks' 4-byte
+        checksums alone exceed it) and get the chunk size that fetches least. Group small
+        fields together (``field_groups``) to read them without that cost.
+    window_frames
+        The window length (frames) that inner chunks are sized for (default 64).
+    index_cache_bytes
+        Bytes of record index entries a process keeps (default 4 MiB, 24 bytes per
+        record); larger datasets read the entries of the records they touch by range.
     **options
         See ``Storage``. ``chunk_bytes`` (default 8 KiB) is the target size of an inner
         chunk of a group array; ``block_bytes`` (default 16 MiB) bounds one stored block:
@@ -150,12 +161,14 @@ class TemporalArrayStorage(Storage):
         field_groups: Sequence[Sequence[str]] | None = None,
         *,
         chunk_frames: int = DEFAULT_CHUNK_FRAMES,
+        window_frames: int = DEFAULT_WINDOW_FRAMES,
         index_cache_bytes: int = DEFAULT_INDEX_CACHE_BYTES,
         **options: Any,
     ) -> None:
         super().__init__(url, **options)
         self.field_groups = normalize_field_groups(field_groups)
         self.chunk_frames = positive_integer(chunk_frames, "chunk_frames")
+        self.window_frames = positive_integer(window_frames, "window_frames")
         self.index_cache_bytes = positive_integer(index_cache_bytes, "index_cache_bytes")
         self._bound: TemporalSchema | None = None  # set on writer copies by the first record
         self._default_reader: TemporalReader | None = None
@@ -179,7 +192,9 @@ class TemporalArrayStorage(Storage):
         return IndexLayouts(layout((2,)), layout(()), layout((2,)))
 
     def _group_layouts(self, schema: TemporalSchema) -> dict[str, ArrayLayout]:
-        return group_layouts(schema, self._layout, self.chunk_frames, self.chunk_bytes)
+        return group_layouts(
+            schema, self._layout, self.chunk_frames, self.chunk_bytes, self.window_frames
+        )
 
     def _array_layouts(self) -> dict[str, ArrayLayout]:
         layouts = {RECORD_ROWS: self._layout(_INT64, (2,), chunk_bytes=max(self.chunk_bytes, 8192))}

@@ -20,6 +20,7 @@ from rangestream.errors import CorruptDataError
 from rangestream.io.range_reader import RangeReader
 from rangestream.io.store import ObjectStore
 from rangestream.layout.block import ArrayLayout, encode_block
+from rangestream.layout.checksums import CRC_NBYTES
 from rangestream.layout.executors import RemoteExecutor
 from rangestream.layout.manifest import Manifest, data_prefix
 from rangestream.layout.pieces import RowRead, StoredArray
@@ -29,11 +30,13 @@ from rangestream.storage.temporal.schema import RECORD_ROWS, TemporalSchema
 from rangestream.storage.writing import ShardEncoder
 
 __all__ = [
+    "DEFAULT_WINDOW_FRAMES",
     "FRAME_STARTS_ARRAY",
     "HISTOGRAM_ARRAY",
     "INDEX_ARRAY",
     "IndexLayouts",
     "TemporalShardEncoder",
+    "chunk_frames_for",
     "group_layouts",
     "write_record_index",
 ]
@@ -90,25 +93,56 @@ class TemporalShardEncoder(ShardEncoder):
         return rows
 
 
+#: The window length (frames) that inner chunks are sized for by default: the reference's
+#: and the benchmark's windows are 64-96 frames.
+DEFAULT_WINDOW_FRAMES = 64
+#: Bound on a window's fetched bytes over its group payload, for windows of the length
+#: chunks are sized for, wherever the window starts (see ``chunk_frames_for``).
+MAX_OVERFETCH = 1.25
+
+
+def fetched_ratio(row_nbytes: int, chunk_frames: int, window: int) -> float:
+    """Most bytes a window of ``window`` frames fetches over its payload, among all starts:
+    whole inner chunks of ``chunk_frames`` rows, each with its 4-byte checksum."""
+    chunks = -(-(window - 1) // chunk_frames) + 1
+    return chunks * (chunk_frames * row_nbytes + CRC_NBYTES) / (window * row_nbytes)
+
+
+def chunk_frames_for(row_nbytes: int, window: int, most_frames: int, most_bytes: int) -> int:
+    """Frames per inner chunk of a group whose rows are ``row_nbytes`` bytes: the largest
+    power of two (at most ``most_frames`` and ``most_bytes`` of rows) whose windows of
+    ``window`` frames fetch at most ``MAX_OVERFETCH`` times their payload wherever they
+    start; where none does (rows of a few bytes, whose chunks' checksums alone exceed the
+    bound), the one that fetches least. Larger chunks mean fewer checksums and chunk index
+    entries (16 bytes each, stored per chunk), so the largest that meets the bound wins."""
+    top = max(1, min(most_frames, most_bytes // row_nbytes))
+    candidates = [1 << k for k in range(top.bit_length()) if 1 << k <= top]
+    fitting = [c for c in candidates if fetched_ratio(row_nbytes, c, window) <= MAX_OVERFETCH]
+    if fitting:
+        return max(fitting)
+    return min(reversed(candidates), key=lambda c: fetched_ratio(row_nbytes, c, window))
+
+
 def group_layouts(
     schema: TemporalSchema,
     layout_of: Any,
     chunk_frames: int,
     chunk_bytes: int,
+    window_frames: int = DEFAULT_WINDOW_FRAMES,
 ) -> dict[str, ArrayLayout]:
     """Each group's layout, all on one block grid so records can be kept inside blocks.
 
-    Inner chunks hold a power of two of frames (at most ``chunk_frames`` and
-    ``chunk_bytes``), so the largest chunk row count is a multiple of every other. The
-    shared grid is the smallest block (the widest group's), cut to a multiple of that;
-    every group's block is the largest multiple of the grid within ``block_bytes``
-    (at least one), so each grid boundary that a record avoids is the only kind of
-    block boundary in any group (see ``TemporalShardEncoder``).
+    Inner chunks hold a power of two of frames, chosen per group by its row size
+    (``chunk_frames_for``: at most ``chunk_frames`` and ``chunk_bytes``), so the largest
+    chunk row count is a multiple of every other. The shared grid is the smallest block
+    (the widest group's), cut to a multiple of that; every group's block is the largest
+    multiple of the grid within ``block_bytes`` (at least one), so each grid boundary that a
+    record avoids is the only kind of block boundary in any group (see
+    ``TemporalShardEncoder``).
     """
     natural = {}
     for group in schema.groups:
-        frames = max(1, min(chunk_frames, chunk_bytes // group.row_nbytes))
-        frames = 1 << (frames.bit_length() - 1)
+        frames = chunk_frames_for(group.row_nbytes, window_frames, chunk_frames, chunk_bytes)
         natural[group.array] = layout_of(
             group.row_dtype, group.row_shape, chunk_bytes=frames * group.row_nbytes
         )
