@@ -1,0 +1,271 @@
+"""Temporal datasets at scale, narrow windows, and the costs on the local hot path.
+
+Run: ``python -m benchmarks.temporal_index [--records 1000,100000,10000000] [--part P]``
+(``P``: ``scale``, ``overfetch``, ``hot``, ``willneed``; all by default). Standalone: it
+writes its own data under a temporary directory and prints plain tables.
+
+- ``scale``: open + first window of a dataset of N one-field records (one byte a frame):
+  requests, bytes, memory held (tracemalloc) and wall time, then 2,000 random windows
+  (index requests, memory held). Written in seconds by a bulk encoder (one ``append``
+  per shard appends every record of it).
+- ``overfetch``: bytes fetched by windows of 1, 2, 16 and 64 frames of each field of a
+  LitData-style record, from exact counters (also runs against an older rangestream:
+  ``PYTHONPATH=<old>/src`` gives the "before" numbers).
+- ``hot``: a bare loop of random 64-frame local windows (features + the small group),
+  with and without the per-copy file size check that guards against truncation (SIGBUS).
+- ``willneed``: random 64 KiB windows out of mapped files after evicting their pages
+  (``posix_fadvise(DONTNEED)``), with and without ``madvise(MADV_WILLNEED)`` on the
+  window's pages first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import mmap
+import os
+import tempfile
+import time
+import tracemalloc
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from rangestream import TemporalArrayStorage
+
+PARTS = ("scale", "overfetch", "hot", "willneed")
+
+
+# -- scale -----------------------------------------------------------------------------------
+def _bulk_storage_class() -> type:
+    from rangestream.storage.temporal.schema import RECORD_ROWS, TemporalSchema
+    from rangestream.storage.writing import ShardEncoder
+
+    class BulkEncoder(ShardEncoder):
+        def __init__(self, schema: Any) -> None:
+            self.array = schema.groups[0].array
+
+        def encode(self, data: Any, lengths: Mapping[str, int]) -> Mapping[str, np.ndarray]:
+            counts = np.asarray(data, dtype=np.int64)
+            first = lengths[self.array]
+            ends = first + np.cumsum(counts)
+            values = (np.arange(first, int(ends[-1])) % 251).astype(np.uint8)
+            return {self.array: values, RECORD_ROWS: np.stack([ends - counts, ends], axis=1)}
+
+    class Bulk(TemporalArrayStorage):
+        def _bind_record(self, data: Any) -> Any:
+            bound = copy.copy(self)
+            bound._bound = TemporalSchema.from_record({"x": np.zeros(1, np.uint8)})
+            return bound
+
+        def _shard_encoder(self) -> Any:
+            return BulkEncoder(self._bound)
+
+    return Bulk
+
+
+def scale(records: list[int], root: str) -> None:
+    print("records | write s | open+first: requests, bytes, held MiB, ms | 2,000 random: "
+          "index requests, held MiB")  # fmt: skip
+    bulk = _bulk_storage_class()
+    for count in records:
+        path = os.path.join(root, f"scale-{count}")
+        counts = 1 + np.arange(count, dtype=np.int64) % 3
+        started = time.perf_counter()
+        storage = bulk(path)
+        with storage.sync_writer() as writer:
+            writer.append(0, counts)
+        written = time.perf_counter() - started
+        del counts
+        tracemalloc.start()
+        started = time.perf_counter()
+        reader = TemporalArrayStorage(path)
+        reader.read_window(count // 2, 0, 1)
+        elapsed = time.perf_counter() - started
+        first = reader.stats
+        held = tracemalloc.get_traced_memory()[0]
+        rng = np.random.default_rng(1)
+        for record in rng.integers(0, count, 2000).tolist():
+            reader.read_window(record, 0, 1)
+        after = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+        index = (reader.stats - first).by_key_kind.get("record_rows", 0)
+        print(f"{count:>10,} | {written:6.1f} | {first.requests}, {first.bytes:,}, "
+              f"{held / 2**20:.2f}, {elapsed * 1e3:.1f} | {index}, "
+              f"{after / 2**20:.2f}")  # fmt: skip
+
+
+# -- over-fetch ----------------------------------------------------------------------------------
+def overfetch(root: str) -> None:
+    rng = np.random.default_rng(2)
+    frames = 600
+    record = {
+        "features": rng.standard_normal((frames, 256)).astype(np.float32),
+        "clock": np.arange(frames, dtype=np.float64),
+        "valid": rng.random(frames) > 0.5,
+        "pose": rng.standard_normal((frames, 7)).astype(np.float32),
+    }
+    payload = {name: value[0].nbytes for name, value in record.items()}
+    for label, groups in (("separate", None), ("grouped", [["clock", "valid", "pose"]])):
+        path = os.path.join(root, f"overfetch-{label}")
+        storage = TemporalArrayStorage(path, groups)
+        with storage.sync_writer() as writer:
+            writer.append(0, record)
+        storage = TemporalArrayStorage(path)
+        storage.read_window(0, 0, 1, ["clock"])  # opens, reads the index
+        print(f"\n{label} fields: mean bytes fetched / payload bytes over 64 starts")
+        print("field    | 1 frame | 2 frames | 16 frames | 64 frames")
+        fields = ["clock", "valid", "pose", "features"]
+        for name in fields:
+            cells = []
+            for length in (1, 2, 16, 64):
+                spent = 0
+                for start in range(100, 164):
+                    before = storage.stats.copy()
+                    storage.read_window(0, start, length, [name])
+                    spent += (storage.stats - before).bytes
+                mean = spent / 64
+                cells.append(f"{mean:,.0f} / {payload[name] * length:,}")
+            print(f"{name:8} | " + " | ".join(cells))
+        spent = 0
+        for start in range(100, 164):  # a cold window of every field: clock, valid, pose
+            before = storage.stats.copy()
+            storage.read_window(0, start, 1, ["clock", "valid", "pose"])
+            spent += (storage.stats - before).bytes
+        print(f"1 frame of clock+valid+pose: {spent / 64:,.0f} B for 37 B")
+
+
+# -- the hot path: the size check ------------------------------------------------------------
+def _windows(storage: TemporalArrayStorage, count: int, frames: int, seed: int) -> list[Any]:
+    counts = np.asarray(storage.frame_counts)
+    rng = np.random.default_rng(seed)
+    records = rng.integers(0, len(counts), count)
+    starts = [int(rng.integers(0, int(counts[r]) - frames + 1)) for r in records]
+    return list(zip(records.tolist(), starts, strict=True))
+
+
+def _records(count: int) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(3)
+    out = []
+    for _ in range(count):
+        frames = int(rng.integers(300, 1500))
+        out.append({
+            "features": rng.standard_normal((frames, 256)).astype(np.float32),
+            "clock": np.arange(frames, dtype=np.float64),
+            "valid": rng.random(frames) > 0.5,
+            "pose": rng.standard_normal((frames, 7)).astype(np.float32),
+        })  # fmt: skip
+    return out
+
+
+def _loop(storage: TemporalArrayStorage, windows: list[Any], fields: list[str]) -> float:
+    """CPU seconds per window (the machine is shared: CPU time is steadier than wall time)."""
+    read = storage.read_window
+    started = time.process_time()
+    for record, start in windows:
+        read(record, start, 64, fields)
+    return (time.process_time() - started) / len(windows)
+
+
+def hot(root: str) -> None:
+    import rangestream.io.mapped as mapped_files
+
+    path = os.path.join(root, "hot")
+    storage = TemporalArrayStorage(path, [["clock", "valid", "pose"]])
+    with storage.sync_writer() as writer:
+        for number, record in enumerate(_records(200)):
+            writer.append(number % 4, record)
+    fields = ["features", "pose"]
+    original = mapped_files.map_file
+
+    def unchecked(path: str, root: str, units: int = 0) -> Any:
+        found = original(path, root, units)
+        size = found.size
+        found.live_size = lambda: size  # no fstat: what the loop cost before the check
+        return found
+
+    results: dict[str, list[float]] = {"checked": [], "unchecked": []}
+    for repeat in range(5):
+        for label in ("checked", "unchecked") if repeat % 2 else ("unchecked", "checked"):
+            mapped_files.map_file = unchecked if label == "unchecked" else original
+            storage = TemporalArrayStorage(path)
+            windows = _windows(storage, 20000, 64, seed=repeat)
+            _loop(storage, windows[:2000], fields)  # maps the blocks, verifies chunks
+            results[label].append(_loop(storage, windows, fields))
+    mapped_files.map_file = original
+    for label, times in results.items():
+        print(f"{label:9}: {min(times) * 1e6:.2f} µs CPU per window (best of 5; all: "
+              f"{', '.join(f'{t * 1e6:.2f}' for t in times)})")  # fmt: skip
+    ratio = min(results["checked"]) / min(results["unchecked"])
+    print(f"the size check costs {100 * (ratio - 1):.1f}% per window")
+
+
+# -- madvise(MADV_WILLNEED) -------------------------------------------------------------------
+def willneed(root: str) -> None:
+    files = []
+    for number in range(16):
+        path = os.path.join(root, f"willneed-{number}")
+        with open(path, "wb") as handle:
+            handle.write(np.random.default_rng(number).bytes(16 << 20))
+        files.append(path)
+    window = 64 << 10
+    rng = np.random.default_rng(4)
+    picks = [
+        (int(rng.integers(16)), int(rng.integers(0, (16 << 20) - window))) for _ in range(3000)
+    ]
+
+    def run(advise: bool, cold: bool) -> float:
+        mappings = []
+        os.sync()  # dirty pages are not dropped
+        for path in files:
+            fd = os.open(path, os.O_RDONLY)
+            if cold:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            mappings.append(mmap.mmap(fd, 0, access=mmap.ACCESS_READ))
+            os.close(fd)
+        arrays = [np.frombuffer(m, dtype=np.uint8) for m in mappings]
+        page = mmap.PAGESIZE
+        started = time.perf_counter()
+        for number, offset in picks:
+            if advise:
+                low = offset - offset % page
+                mappings[number].madvise(mmap.MADV_WILLNEED, low, offset + window - low)
+            arrays[number][offset : offset + window].copy()
+        elapsed = (time.perf_counter() - started) / len(picks)
+        del arrays
+        for m in mappings:
+            m.close()
+        return elapsed
+
+    for cold in (True, False):
+        times = {False: [], True: []}
+        for repeat in range(3):
+            for advise in (False, True) if repeat % 2 else (True, False):
+                times[advise].append(run(advise, cold))
+        state = "cold (pages evicted)" if cold else "warm (page cache, new mapping)"
+        print(f"{state}: plain {min(times[False]) * 1e6:.1f} µs, WILLNEED "
+              f"{min(times[True]) * 1e6:.1f} µs per 64 KiB window (best of 3)")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--records", default="1000,100000,1000000,10000000")
+    parser.add_argument("--part", action="append", choices=PARTS)
+    args = parser.parse_args()
+    parts = args.part or list(PARTS)
+    with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as root:
+        if "scale" in parts:
+            scale([int(n) for n in args.records.split(",")], root)
+        if "overfetch" in parts:
+            overfetch(root)
+        if "hot" in parts:
+            print()
+            hot(root)
+        if "willneed" in parts:
+            print()
+            willneed(root)
+
+
+if __name__ == "__main__":
+    main()
