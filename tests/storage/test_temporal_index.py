@@ -256,3 +256,37 @@ def test_ten_million_records_cost_a_worker_its_cache_not_its_records(
     assert cached <= 4 * 1024 * 1024
     assert held <= 16 * 1024 * 1024
     assert by_kind["x"] == 3000 and by_kind["record_rows"] <= 3000
+
+
+def test_ten_million_records_sample_windows_from_the_cumulative_index_by_range(
+    ten_million: tuple[str, np.ndarray],
+) -> None:
+    """1,000 uniform global frames located: the cumulative index (one entry per 512
+    records) is read once, then one index chunk per distinct chunk touched, never all."""
+    path, counts = ten_million
+    storage = TemporalArrayStorage(path)
+    total = int(counts.sum())  # 1 + 2 + 3 per three records, and one record of 1
+    assert storage.total_frames == total
+    rng = np.random.default_rng(26)
+    positions = rng.integers(0, total, size=1000)
+    tracemalloc.start()
+    try:
+        records, starts = storage.locate_frames(positions)
+        held, _peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # ground truth without the index: records come in threes of 1 + 2 + 3 = 6 frames
+    triple, rest = np.divmod(positions, 6)
+    offset = np.select([rest < 1, rest < 3], [0, 1], 2)
+    assert np.array_equal(records, 3 * triple + offset)
+    assert np.array_equal(starts, rest - np.asarray([0, 1, 3])[offset])
+    chunks = np.unique(records // 512).size
+    spent = storage.stats.by_key_kind
+    # the chunks are read in one step: chunks closer than the coalescing gap (64 KiB) share
+    # a request and its gap's bytes
+    assert spent["frame_starts"] == 1 and spent["record_rows"] <= chunks
+    stored = 512 * 16 + 4
+    read = storage.stats.bytes_by_key_kind["record_rows"]
+    assert chunks * stored <= read <= chunks * stored + (chunks - spent["record_rows"]) * 65536
+    assert held <= 16 * 1024 * 1024
+    assert storage.count_windows(3) == (SCALE_RECORDS // 3, SCALE_RECORDS // 3)
