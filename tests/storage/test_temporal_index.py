@@ -17,7 +17,7 @@ from support.s3 import Location
 from support.temporal import expected_window, write_bulk
 
 from rangestream import TemporalArrayStorage
-from rangestream.errors import CorruptDataError, OutOfRangeError
+from rangestream.errors import CorruptDataError, MetadataError, OutOfRangeError
 from rangestream.layout.block import ArrayLayout, encode_block
 
 # Records of 1..40 frames in three shards; 8 KiB index chunks hold 512 records.
@@ -290,3 +290,41 @@ def test_ten_million_records_sample_windows_from_the_cumulative_index_by_range(
     assert chunks * stored <= read <= chunks * stored + (chunks - spent["record_rows"]) * 65536
     assert held <= 16 * 1024 * 1024
     assert storage.count_windows(3) == (SCALE_RECORDS // 3, SCALE_RECORDS // 3)
+
+
+def _index_array(root: Path, name: str) -> tuple[Path, Any]:
+    attributes = json.loads((root / "zarr.json").read_text())["attributes"]["rangestream"]
+    schema_key = {"frame_starts": "frame_starts", "frame_histogram": "frame_histogram"}[name]
+    layout = ArrayLayout.from_json(attributes["schema"][schema_key], name)
+    return root / attributes["data_prefix"] / "index" / name, layout
+
+
+def test_a_cumulative_index_that_disagrees_with_the_records_is_refused(tmp_path: Path) -> None:
+    write_bulk(str(tmp_path / "ds"), COUNTS)
+    folder, layout = _index_array(tmp_path / "ds", "frame_starts")
+    starts = [*np.concatenate([[0], np.cumsum(ALL)])[::PER_CHUNK].tolist(), int(ALL.sum())]
+    starts[3] += 1  # chunk 2 claims one frame more, chunk 3 one less
+    (folder / "c" / "0").write_bytes(encode_block(layout, np.asarray(starts, "<i8").view("u1")))
+    storage = TemporalArrayStorage(tmp_path / "ds")
+    with pytest.raises(CorruptDataError, match=r"frame_starts says records \[1024, 1536\)"):
+        storage.locate_frames([int(starts[2]) + 5])
+    starts[3] = starts[1] - 1  # not cumulative
+    (folder / "c" / "0").write_bytes(encode_block(layout, np.asarray(starts, "<i8").view("u1")))
+    with pytest.raises(CorruptDataError, match="not cumulative"):
+        TemporalArrayStorage(tmp_path / "ds").locate_frames([0])
+
+
+def test_a_histogram_that_does_not_count_every_record_is_refused(tmp_path: Path) -> None:
+    write_bulk(str(tmp_path / "ds"), COUNTS)
+    folder, layout = _index_array(tmp_path / "ds", "frame_histogram")
+    values, numbers = np.unique(ALL, return_counts=True)
+    numbers[0] += 1
+    pairs = np.stack([values, numbers], axis=1).astype("<i8")
+    (folder / "c" / "0" / "0").write_bytes(encode_block(layout, pairs.view("u1")))
+    with pytest.raises(CorruptDataError, match="summing to 4300 records"):
+        TemporalArrayStorage(tmp_path / "ds").count_windows(3)
+    document = json.loads((folder / "zarr.json").read_text())
+    document["shape"][0] = 10**12  # a hostile length: refused before any allocation
+    (folder / "zarr.json").write_text(json.dumps(document))
+    with pytest.raises(MetadataError, match=r"length 1000000000000 is not in \[0, 4300\]"):
+        TemporalArrayStorage(tmp_path / "ds").frame_histogram()
