@@ -201,3 +201,41 @@ def test_records_listed_twice_or_out_of_range_are_refused(tmp_path: Path) -> Non
         TemporalRecords(storage, [0, 40])[1]
     with pytest.raises(TypeError, match="TemporalArrayStorage"):
         TemporalRecords(object())
+
+
+# -- the dataset side of a whole-record loader ---------------------------------------------------
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_the_indexed_loader_iterates_whole_records_and_resumes_exactly(
+    location: Location, shuffle: bool
+) -> None:
+    """``TemporalRecords`` is what the loader's ``IndexedBatchDataset`` takes for the other
+    kinds: every record once per epoch, in order or shuffled, and a resume from
+    ``state_dict`` continues with exactly the records not yet seen."""
+    from rangestream.loader.iterable import IndexedBatchDataset
+
+    storage = write(location.url, location.storage_options)
+
+    def loader() -> IndexedBatchDataset:
+        return IndexedBatchDataset(
+            TemporalRecords(storage), batch_size=3, shuffle=shuffle, seed=5, drop_last=False,
+            collate_fn=list,
+        )  # fmt: skip
+
+    def clocks(batch: list[dict[str, Any]]) -> list[float]:
+        return [float(record["clock"][0]) for record in batch]
+
+    first = loader()
+    iterator = iter(first)
+    seen = [clocks(next(iterator)) for _ in range(2)]
+    state = first.state_dict()
+    resumed = loader()
+    resumed.load_state_dict(state)
+    rest = [clocks(batch) for batch in resumed]
+    order = [float(record["clock"][0]) for record in EXPECTED]
+    got = [c for batch in seen + rest for c in batch]
+    if shuffle:
+        assert sorted(got) == sorted(order) and got != order
+    else:
+        assert got == order
+    for batch in seen + rest:
+        assert len(batch) == 3  # 12 records, batches of 3
