@@ -52,9 +52,12 @@ class RecordIndex:
         What the root document says (per-shard record counts and group lengths).
     rows
         ``index/record_rows`` as stored (``None`` for a dataset without records).
-    frame_starts, histogram
-        The stored arrays of the cumulative and histogram indexes (``None`` for datasets
-        written before they existed: samplers then rebuild them from ``rows``).
+    frame_starts
+        The stored cumulative index (``None`` for datasets written before it existed:
+        samplers then rebuild it from ``rows``).
+    histogram
+        A program giving the stored histogram array (its length is in its own metadata),
+        or ``None`` for datasets written before it (rebuilt from ``rows`` when asked for).
     where
         The dataset's root, for error messages.
     cache_bytes
