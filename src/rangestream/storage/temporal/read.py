@@ -217,7 +217,9 @@ class OpenedTemporal(OpenedStorage):
         for number, group_outputs in outputs:
             copy = copiers[number]
             if copy is None or not copy(part, first, frames, group_outputs):
-                return None  # only the first group can get here: nothing was counted
+                # only the first group can get here (nothing counted), or a block found
+                # truncated while mapped, whose error the program then raises
+                return None
         if selection.torch:
             return as_written(result, selection.torch)
         return result
