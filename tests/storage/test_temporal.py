@@ -1127,3 +1127,53 @@ def test_a_block_truncated_while_mapped_raises_instead_of_sigbus_or_zeros(
     # (whose bytes past the end read as zeros)
     assert across[0] == "truncated"
     assert before == ("equal", "")  # rows 1..60 are still there and still read
+
+
+def test_compiled_windows_ask_the_file_size_only_in_a_blocks_last_page(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The compiled copier guards against truncation with a fault handler and one byte read
+    past the piece, not a system call per window: the size is asked only where no page
+    follows the piece in the mapping (and by the numpy copier, which cannot guard)."""
+    import rangestream.io.mapped as mapped_files
+    from rangestream.layout import copy as row_copy
+
+    assert row_copy.compiled()
+    from rangestream.layout import _chunked
+
+    assert _chunked.GUARDS_FAULTS == 1
+    write(str(tmp_path / "ds"), **CHUNKS_OF_32)
+    asked: list[int] = []
+    original = mapped_files.map_file
+
+    def counting(path: str, root: str, units: int = 0) -> Any:
+        found = original(path, root, units)
+        size_now = found.live_size
+
+        def live_size() -> int:
+            asked.append(1)
+            return size_now()
+
+        found.live_size = live_size
+        return found
+
+    monkeypatch.setattr(mapped_files, "map_file", counting)
+    storage = TemporalArrayStorage(tmp_path / "ds")
+    for record in range(len(EXPECTED)):  # every chunk read once, so verified (the size is
+        storage.read_window(record, 0, FRAMES[ORDER[record]], ["features"])  # asked then)
+    asked.clear()
+    # a block's chunk index follows its chunks, so a page follows every piece: no size asked
+    for record, start, frames in random_windows(50, seed=41):
+        assert_window(storage.read_window(record, start, frames, ["features"]),
+                      EXPECTED[record], start, frames, ["features"])  # fmt: skip
+    assert asked == []
+    # blocks smaller than a page: every piece ends in the last page, where a cut leaves
+    # zeros rather than a fault: the size is asked, once per piece
+    write(str(tmp_path / "small"), **SMALL)
+    small = TemporalArrayStorage(tmp_path / "small")
+    small.read_window(1, 0, 120, ["features"])  # verifies record 1's chunks
+    asked.clear()
+    for start in (0, 50, 119):  # one frame: one piece of one block
+        assert_window(small.read_window(1, start, 1, ["features"]), EXPECTED[1], start, 1,
+                      ["features"])  # fmt: skip
+    assert asked == [1, 1, 1]

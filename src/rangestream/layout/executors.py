@@ -390,28 +390,33 @@ class MappedExecutor:
                     entries.files.move_to_end(key)  # type: ignore[union-attr]
                 except KeyError:  # dropped by another thread just now: still valid to use
                     pass
-            if mapped.live_size() < ((row + rows - 1) // chunk_rows + 1) * stored:
-                entries = holder.value  # truncated while mapped: a copy could fault (SIGBUS)
-                if entries is not None and entries.files.get(key) is mapped:
-                    entries.files.pop(key, None)  # mapped again at its size when next used
-                return False  # nothing counted: the program reads it and names the damage
             flags = mapped.verified if verify else None
             data = mapped.data
+            # the copier guards against a block truncated while mapped (``live_size``):
+            # status 3, nothing counted, and the program reads it and names the damage
             status = copy_piece(data, outputs, row, rows, chunk_rows, stored, row_nbytes, flags,
-                                counter)  # fmt: skip
+                                counter, mapped.live_size)  # fmt: skip
             if status == 1:  # a chunk read for the first time: checked once, then trusted
                 first, end = row // chunk_rows, (row + rows - 1) // chunk_rows + 1
-                try:
-                    check_mapped(
-                        data, mapped.verified, stored, first, end,
-                        lambda: _where_mapped(store, arrays[part], block, first, end, stored),
-                    )  # fmt: skip
-                except ChecksumError:  # the read happened, then failed: counted as fetched
-                    counter[0] += 1
-                    counter[1] += (end - first) * stored
-                    raise
-                status = copy_piece(data, outputs, row, rows, chunk_rows, stored, row_nbytes,
-                                    flags, counter)  # fmt: skip
+                if mapped.live_size() < end * stored:  # the check reads the chunks: no fault
+                    status = 3
+                else:
+                    try:
+                        check_mapped(
+                            data, mapped.verified, stored, first, end,
+                            lambda: _where_mapped(store, arrays[part], block, first, end,
+                                                  stored),
+                        )  # fmt: skip
+                    except ChecksumError:  # the read happened, then failed: counted as fetched
+                        counter[0] += 1
+                        counter[1] += (end - first) * stored
+                        raise
+                    status = copy_piece(data, outputs, row, rows, chunk_rows, stored, row_nbytes,
+                                        flags, counter, mapped.live_size)  # fmt: skip
+            if status == 3:
+                entries = holder.value
+                if entries is not None and entries.files.get(key) is mapped:
+                    entries.files.pop(key, None)  # mapped again at its size when next used
             return status == 0
 
         return copy
