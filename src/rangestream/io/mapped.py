@@ -22,9 +22,11 @@ Rules that make this safe:
   shorter than its metadata says is reported as such instead of faulting. The files are
   committed objects and never change afterwards, but something outside rangestream can
   truncate one while it is mapped: touching a page past the new end would kill the process
-  with SIGBUS, and the rest of the last page reads as zeros. So readers ask the file's size
-  now (``MappedFile.live_size``: one ``fstat`` through the mapping's own descriptor, about
-  0.3 µs) before every copy and read the bytes another way when they are gone.
+  with SIGBUS, and the rest of the last page reads as zeros. The compiled copier guards its
+  copies against that fault (``layout/_chunked.c``) and asks the file's size now
+  (``MappedFile.live_size``: an ``fstat`` through the mapping's own descriptor) only where
+  its guard cannot tell; other copies ask it first. A block found cut is read another way,
+  which reports it.
 """
 
 from __future__ import annotations

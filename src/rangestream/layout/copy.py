@@ -12,6 +12,11 @@ field_nbytes)`` copies bytes ``[field_offset, field_offset + field_nbytes)`` of 
 ``[start, start + rows)`` of ``source`` (inner chunks of ``chunk_rows`` rows starting every
 ``stored`` bytes) into ``target``, a C-contiguous writable buffer of exactly ``rows *
 field_nbytes`` bytes, and raises ``ValueError`` when the rows or the target do not fit.
+
+``copy_piece`` (the mapped single-window path) also takes ``size_now``, the mapped file's
+size now: the compiled one copies under a SIGBUS guard and asks it only where the guard
+cannot tell; the numpy one asks it before copying. Status 3 means the file was truncated
+since it was mapped (see ``rangestream.io.mapped``).
 """
 
 from __future__ import annotations
