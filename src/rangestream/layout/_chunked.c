@@ -312,7 +312,7 @@ copy_piece(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         }
     }
     {
-        int check_size = size_now != Py_None;
+        volatile int check_size = size_now != Py_None; /* set again after sigsetjmp */
 #ifdef GUARDED
         sigjmp_buf jump;
         if (size_now != Py_None && guarding) {
