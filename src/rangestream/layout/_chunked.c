@@ -41,7 +41,7 @@ static __thread __attribute__((tls_model("initial-exec"))) sigjmp_buf *guard;
 static _Thread_local sigjmp_buf *guard;
 #endif
 static struct sigaction previous_bus;
-static int guarding;
+static int guarding = -1; /* -1: not installed yet (on the first guarded copy), 0: refused */
 static Py_ssize_t page_nbytes = 4096;
 
 static void
@@ -63,6 +63,9 @@ on_bus(int signum, siginfo_t *info, void *context)
     previous_bus.sa_handler(signum);
 }
 
+/* Installed on the first guarded copy, not at import: a fault handler installed after
+   ours (faulthandler.enable(), as pytest does at start) would run first, print a fatal
+   error report, and only then hand the fault to ours. Runs with the GIL held: once. */
 static void
 install_guard(void)
 {
@@ -312,17 +315,30 @@ copy_piece(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         }
     }
     {
-        volatile int check_size = size_now != Py_None; /* set again after sigsetjmp */
+        /* 1: ask size_now() before copying (no guard), 2: after (the guard could not tell) */
+        volatile int check_size = size_now != Py_None; /* changed after sigsetjmp */
 #ifdef GUARDED
         sigjmp_buf jump;
-        if (size_now != Py_None && guarding) {
+        if (size_now != Py_None && guarding < 0)
+            install_guard();
+        if (size_now != Py_None && guarding > 0) {
             if (sigsetjmp(jump, 0) != 0) { /* the source faulted: truncated since mapped */
                 status = 3;
                 goto done;
             }
             guard = &jump;
+            check_size = 0;
         }
 #endif
+        if (check_size) { /* unguarded: a copy past the file's end would fault */
+            int there = still_there(size_now, end * stored);
+            if (there < 0)
+                goto failed;
+            if (!there) {
+                status = 3;
+                goto done;
+            }
+        }
         for (Py_ssize_t i = 0; i < count; i++)
             copy(source.buf, targets[i].buf, start, rows, chunk_rows, stored, row_nbytes,
                  offsets[i], nbytes[i]);
@@ -331,14 +347,14 @@ copy_piece(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             /* the page after the piece: wholly past the end of a file cut before the piece's
                end, so it faults; past the source, the file's size is asked instead */
             Py_ssize_t probe = ((end * stored - 1) / page_nbytes + 1) * page_nbytes;
-            if (probe < source.len) {
+            if (probe < source.len)
                 (void)*(volatile const char *)((const char *)source.buf + probe);
-                check_size = 0;
-            }
+            else
+                check_size = 2;
             guard = NULL;
         }
 #endif
-        if (check_size) {
+        if (check_size == 2) {
             int there = still_there(size_now, end * stored);
             if (there < 0)
                 goto failed;
@@ -396,8 +412,7 @@ PyInit__chunked(void)
         return NULL;
     int guards = 0;
 #ifdef GUARDED
-    install_guard();
-    guards = guarding;
+    guards = 1; /* installed on the first guarded copy */
 #endif
     if (PyModule_AddIntConstant(created, "GUARDS_FAULTS", guards) < 0) {
         Py_DECREF(created);

@@ -3,8 +3,10 @@
 A window of some fields of one record is one :class:`~rangestream.layout.pieces.RowRead`
 per field group involved, whose outputs are the fields' new arrays (a field's bytes within
 the group's row); the executors do the rest (one range request per group and block fetched,
-or one copy per field out of a mapped block). On a mapped local dataset a window inside one
-block per group skips the program: ``OpenedTemporal.window_in_block``.
+or one copy per field out of a mapped block), after a step reading the record's index
+entry when it is not cached. On a mapped local dataset a window of a cached record inside
+one block per group skips the program: ``OpenedTemporal.window_in_block``. Whole records
+are the same reads for all their frames, many records in one step (``records``).
 """
 
 from __future__ import annotations

@@ -3,9 +3,10 @@
 Per shard: one array per field group (``storage.temporal.schema``: a lone field keeps its
 dtype and shape, the fields of a listed group are interleaved per frame) and
 ``record_rows``, the first and end row of each record in those arrays
-(``storage.temporal.write``). Opening reads the root document and the record index, and
-every window afterwards, the first one included, costs one range request per selected group
-(one more only where a record longer than a block crosses a boundary).
+(``storage.temporal.write``). Opening reads the root document only, whatever the record
+count; a window costs one range request per selected group (one more where a record longer
+than a block crosses a boundary), and one more before those when its record's index entry
+is not cached yet (``storage.temporal.index``: the record index is read by range).
 
 The storage follows the lifecycle of every kind (``storage.opening``): its readers are
 faces of the version opened in their process. ``read_window`` and ``aread_window`` can also
