@@ -242,8 +242,8 @@ def _chain_credentials() -> Any:
 
 @dataclass(frozen=True)
 class _Keys:
-    """What botocore's signer reads from credentials (``botocore.credentials`` costs ~30 ms
-    of imports, and static keys need none of it)."""
+    """What botocore's signer reads from credentials (importing ``botocore.credentials``
+    is slow, and static keys need none of it)."""
 
     access_key: str
     secret_key: str = field(repr=False)
