@@ -172,6 +172,16 @@ class Storage(abc.ABC):
         """A reader for ``async with``; its reads run on the loop that awaits them."""
         return self.async_reader_class(self)
 
+    def zarr_group(self) -> Any:
+        """The committed version as a read-only ``zarr.Group`` (needs ``rangestream[zarr]``).
+
+        Every stored array is plain Zarr v3; this hands zarr-python the group of the version
+        the root names, ``data/<commit>``: ``group["shards/0/stream"][:10]``.
+        """
+        from rangestream.storage.zarr_view import open_zarr_group
+
+        return open_zarr_group(self)
+
     def _open_index(self, manifest: Manifest) -> Program[Any]:
         """What opening reads after the root document (a kind's compact index), if anything.
 
