@@ -99,3 +99,17 @@ def test_document_dataset_reads_single_documents_and_slices(tmp_path: Path) -> N
             return await reader[8]
 
     assert asyncio.run(read()) == {"i": 8}
+
+
+def test_a_sequence_longer_than_the_data_says_so(tmp_path: Path) -> None:
+    from rangestream.errors import OutOfRangeError
+
+    storage = StreamStorage(tmp_path / "ds", StreamNumpyFormat(np.dtype([("tokens", "<i4")])))
+    with storage.sync_writer() as writer:
+        writer.append(0, {"tokens": np.arange(1000, dtype="<i4")})
+    with StreamDataset(storage, 2048, next_token=True).sync_reader() as windows:
+        assert len(windows) == 0
+        with pytest.raises(
+            OutOfRangeError, match="holds 1000 elements, fewer than one window of 2049"
+        ):
+            windows[0]

@@ -192,3 +192,21 @@ def test_a_format_naming_another_encoding_is_refused_on_open(tmp_path: Path) -> 
         DocumentStorage(tmp_path / "ds", Utf8Format()).sync_reader().__enter__()
     with DocumentStorage(tmp_path / "ds", UnnamedFormat()).sync_reader() as reader:
         assert len(reader) == 1  # a format that names no encoding is not checked
+
+
+def test_negative_document_indexes_count_from_the_end_as_in_every_sequence(
+    tmp_path: Path,
+) -> None:
+    from rangestream import DocumentDataset
+    from rangestream.errors import OutOfRangeError
+
+    storage = DocumentStorage(tmp_path / "docs", DocumentPickleFormat())
+    with storage.sync_writer() as writer:
+        for number in range(5):
+            writer.append(number % 2, {"n": number})
+    order = [{"n": n} for n in (0, 2, 4, 1, 3)]  # shard 0, then shard 1
+    with storage.sync_reader() as reader, DocumentDataset(storage).sync_reader() as dataset:
+        assert reader.read(-1) == dataset[-1] == order[-1]
+        assert reader.read_many([-5, -2]) == [order[0], order[3]]
+        with pytest.raises(OutOfRangeError, match="document -6 is outside the 5 documents"):
+            reader.read(-6)

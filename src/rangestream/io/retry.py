@@ -31,6 +31,15 @@ class ShortReadError(OSError):
     """A response carried fewer bytes than the range asked for (a truncated body)."""
 
 
+class WrongRangeError(OSError):
+    """An answer for another byte range than asked: a misbehaving server or proxy.
+
+    Not transient (asking again gets the same answer) and never silently accepted: every
+    dense inner chunk carries a valid crc32c of its own bytes, so bytes from the wrong
+    offset would pass every checksum.
+    """
+
+
 _TRANSIENT_MARKERS = (
     "slowdown",
     "slow down",
@@ -60,7 +69,7 @@ _TRANSIENT_MARKERS = (
 
 def is_transient(error: BaseException) -> bool:
     """True for errors that a later attempt of the same request may not hit."""
-    if isinstance(error, (FileNotFoundError, PermissionError, IsADirectoryError)):
+    if isinstance(error, (FileNotFoundError, PermissionError, IsADirectoryError, WrongRangeError)):
         return False
     if isinstance(error, (RangestreamError, CorruptDataError)):
         return False

@@ -28,12 +28,18 @@ import re
 from typing import Any
 from urllib.parse import quote
 
-from rangestream.io.retry import ShortReadError
+from rangestream.io.retry import ShortReadError, WrongRangeError
 from rangestream.io.s3_options import S3ReadConfig, chain_credentials, static_credentials
 from rangestream.io.sigv4 import SigV4Signer
 
-__all__ = ["S3ReadClient", "S3RequestError", "S3TransientError", "parse_content_range",
-           "ranged_body"]  # fmt: skip
+__all__ = [
+    "S3ReadClient",
+    "S3RequestError",
+    "S3TransientError",
+    "WrongRangeError",
+    "parse_content_range",
+    "ranged_body",
+]
 
 _TRANSIENT_CODES = frozenset(
     {
@@ -297,7 +303,12 @@ def ranged_body(
     if status == 200:  # the server ignored the range (or the object is empty)
         return body[start:end]
     first, last, total = parse_content_range(content_range, where)
-    if first != start or last >= end or len(body) != last - first + 1:
+    if first != start or last >= end:
+        raise WrongRangeError(
+            f"{where}: asked for bytes {start}-{end - 1}, the server answered {content_range!r}"
+            ": another range than asked (refused: its bytes would pass for the ones asked)"
+        )
+    if len(body) != last - first + 1:
         raise ShortReadError(
             f"{where}: asked for bytes {start}-{end - 1}, got {content_range!r} with "
             f"{len(body)} bytes"
