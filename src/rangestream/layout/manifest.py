@@ -71,9 +71,6 @@ class Manifest:
     def array_key(self, shard: int, name: str) -> str:
         return array_key(self.commit_id, shard, name)
 
-    def length(self, name: str) -> np.ndarray:
-        return self.lengths[name]
-
     def to_attributes(self) -> dict[str, Any]:
         return {
             "format_version": FORMAT_VERSION,
