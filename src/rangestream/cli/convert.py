@@ -10,7 +10,8 @@ from rangestream.cli.options import add_store_arguments, retry_policy, storage_o
 
 
 def register(commands: Any) -> None:
-    from rangestream.ingest.presets import PRESETS, TOO_LONG, Fields
+    from rangestream.ingest.preset import TOO_LONG, Fields
+    from rangestream.ingest.presets import PRESETS
 
     parser = commands.add_parser(
         "convert",

@@ -24,7 +24,8 @@ from rangestream.ingest.inputs import (
     Split,
     open_inputs,
 )
-from rangestream.ingest.presets import Fields, Limits, Outcome, Preset, get_preset
+from rangestream.ingest.preset import Fields, Limits, Outcome, Preset
+from rangestream.ingest.presets import get_preset
 from rangestream.ingest.session import fingerprint_of
 from rangestream.ingest.summary import Summary
 from rangestream.ingest.tasks import Job, default_workers

@@ -22,7 +22,7 @@ from typing import Any
 from rangestream.errors import InvalidRecordError
 from rangestream.formats.records import RecordFormat
 from rangestream.ingest.inputs import Row
-from rangestream.ingest.presets import Outcome
+from rangestream.ingest.preset import Outcome
 from rangestream.ingest.session import begin, fingerprint_of, finish, rejects_key
 from rangestream.ingest.summary import Progress, Summary
 from rangestream.ingest.tasks import Job, default_workers, run_splits
