@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import random
+import socket
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -117,16 +118,24 @@ def is_range_not_satisfiable(error: BaseException) -> bool:
     return False
 
 
+#: Errors of botocore and aiohttp raised when no connection to the endpoint was made.
+_UNREACHABLE_NAMES = frozenset(
+    {"EndpointConnectionError", "ConnectTimeoutError", "ClientConnectorError"}
+)
+
+
 def is_unreachable(error: BaseException) -> bool:
     """True when the endpoint itself could not be reached (DNS, refused, connect timeout)."""
     seen: set[int] = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        name = type(current).__name__
-        if name in {"EndpointConnectionError", "ConnectTimeoutError", "ClientConnectorError"}:
+        # By class name along the MRO, so subclasses count (aiohttp's DNS failure is a
+        # ClientConnectorDNSError) without importing botocore or aiohttp here.
+        names = {cls.__name__ for cls in type(current).__mro__}
+        if names & _UNREACHABLE_NAMES:
             return True
-        if isinstance(current, ConnectionRefusedError):
+        if isinstance(current, (ConnectionRefusedError, socket.gaierror)):
             return True
         current = current.__cause__ or current.__context__
     return False
