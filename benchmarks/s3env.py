@@ -1,10 +1,11 @@
 """The S3 side of a run: a local SeaweedFS server, the latency proxy in front, uploads.
 
-Both come from ``rangestream.testing`` (the library's own test infrastructure), so the
-benchmark and the tests measure against the same server set-up and the same proxy. This
-module is also imported by workers under the MosaicML interpreter, where rangestream is not
-installed: :class:`S3Endpoint` and :func:`proxy_stats` use the standard library only, and
-``rangestream.testing`` is imported only when the orchestrator starts the environment.
+Both come from the test kit (``testkit/`` at the repository root, the library's own test
+infrastructure, not installed with it), so the benchmark and the tests measure against the
+same server set-up and the same proxy. This module is also imported by workers under the
+MosaicML interpreter, where rangestream is not installed: :class:`S3Endpoint` and
+:func:`proxy_stats` use the standard library only, and ``testkit`` is imported only when the
+orchestrator starts the environment.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ ACCESS_KEY = "benchaccesskey"
 SECRET_KEY = "benchsecretkey0123456789"
 REGION = "us-east-1"
 BUCKET = "bench"
-STATS_PATH = "/__proxy__/stats"  # rangestream.testing.proxy.CONTROL_PREFIX + "/stats"
+STATS_PATH = "/__proxy__/stats"  # testkit.proxy.CONTROL_PREFIX + "/stats"
 
 
 @dataclass(frozen=True)
@@ -64,11 +65,11 @@ def proxy_stats(stats_url: str) -> dict[str, Any]:
 
 
 class S3Environment:
-    """SeaweedFS plus the latency proxy, both from ``rangestream.testing``, for one run.
+    """SeaweedFS plus the latency proxy, both from the test kit, for one run.
 
-    The server is :class:`rangestream.testing.SeaweedFSServer` (the one the library's tests
-    use); the proxy is :class:`rangestream.testing.LatencyProxy` started as its own process
-    (``python -m rangestream.testing.proxy``) so that its CPU is not charged to the measured
+    The server is :class:`testkit.SeaweedFSServer` (the one the library's tests use); the
+    proxy is :class:`testkit.LatencyProxy` started as its own process, from the repository
+    root (``python -m testkit.proxy``), so that its CPU is not charged to the measured
     client and workers in any interpreter read its counters over HTTP.
     """
 
@@ -88,7 +89,7 @@ class S3Environment:
         self.close()
 
     def start(self) -> S3Endpoint:
-        from rangestream.testing import SeaweedFSServer
+        from testkit import SeaweedFSServer
 
         self._server = SeaweedFSServer(
             access_key=ACCESS_KEY, secret_key=SECRET_KEY, region=REGION
@@ -98,7 +99,7 @@ class S3Environment:
         self._proxy_log = open(self.work_dir / "proxy.log", "wb")  # noqa: SIM115 - closed in close()
         self._proxy = subprocess.Popen(
             [
-                sys.executable, "-m", "rangestream.testing.proxy", "--upstream", direct,
+                sys.executable, "-m", "testkit.proxy", "--upstream", direct,
                 "--delay-ms", str(self.latency_ms), "--port", "0",
             ],
             stdout=subprocess.PIPE, stderr=self._proxy_log, cwd=REPO_ROOT,

@@ -36,7 +36,7 @@ from rangestream.io.s3_client import (
     _error,
     lean_read_config,
 )
-from rangestream.testing import FaultKind, LatencyProxy, S3Endpoint
+from testkit import FaultKind, LatencyProxy, S3Endpoint
 
 SIZE = 100_003
 FAST = RetryPolicy(max_attempts=6, base_delay=0.01, max_delay=0.05, request_timeout=5)

@@ -18,6 +18,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -25,10 +26,11 @@ import pytest
 import s3fs
 from yarl import URL
 
-from rangestream.testing import FaultConfig, FaultKind, LatencyProxy, S3Endpoint
-from rangestream.testing.proxy import CONTROL_PREFIX
+from testkit import FaultConfig, FaultKind, LatencyProxy, S3Endpoint
+from testkit.proxy import CONTROL_PREFIX
 
 MIB = 1024 * 1024
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -503,10 +505,13 @@ def test_process_mode_prints_its_endpoint_and_serves_counters(
     s3_server: S3Endpoint, stored: StoredObject
 ) -> None:
     command = [
-        sys.executable, "-m", "rangestream.testing.proxy", "--upstream",
+        sys.executable, "-m", "testkit.proxy", "--upstream",
         s3_server.endpoint_url, "--delay-ms", "30", "--port", "0",
     ]  # fmt: skip
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # run from the repository root, as the benchmark harness does: the kit is not installed
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO_ROOT
+    )
     try:
         assert process.stdout is not None
         endpoint = process.stdout.readline().decode().strip()

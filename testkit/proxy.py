@@ -11,7 +11,7 @@ SigV4 signs the Host header. Clients are pointed at the proxy, so they sign for 
 host:port, and the proxy forwards that Host header unchanged; the upstream server verifies the
 signature against the same value the client signed.
 
-Run as a process (``python -m rangestream.testing.proxy --upstream URL --delay-ms 20``), it
+Run as a process (``python -m testkit.proxy --upstream URL --delay-ms 20``), it
 prints its endpoint URL on stdout and serves until SIGTERM/SIGINT. That mode exists for
 benchmarks: the proxy's CPU must not be charged to the client being measured, and clients in
 other interpreters read the counters over HTTP, from ``GET /__proxy__/stats`` (JSON) and
@@ -668,7 +668,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parent started with ``--port 0`` learns the port without racing for a free one.
     """
     parser = argparse.ArgumentParser(
-        prog="python -m rangestream.testing.proxy",
+        prog="python -m testkit.proxy",
         description="A latency-adding, counting S3 proxy, with its counters served over HTTP "
         f"at {CONTROL_PREFIX}/stats (GET) and {CONTROL_PREFIX}/reset (POST).",
     )
