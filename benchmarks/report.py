@@ -190,6 +190,13 @@ def _targets(by_w: dict[str, list[WorkloadResult]]) -> list[str]:
         f"{m.windows_per_s / base:.2f}x" if m and base else None,
         (m.windows_per_s / base >= 0.5) if m and base else None,
     )
+    m, _ = best(rows, "rangestream-dataset", "local", 1)
+    add(
+        "local random token windows through the path users call, "
+        "`StreamDataset(...).sync_reader()[i]`, ≥ 0.8x raw memmap",
+        f"{m.windows_per_s / base:.2f}x" if m and base else None,
+        (m.windows_per_s / base >= 0.8) if m and base else None,
+    )
     m, r = best(rows, "rangestream", "s3")
     # a window crossing a block boundary may cost one more request: allow that share
     crossing = 2 * 2049 * 4 / OBJECT_BYTES
@@ -374,6 +381,7 @@ STYLES: dict[str, dict[str, Any]] = {
     "s3-ceiling-aiohttp": {"color": "black", "ls": "--", "marker": "^"},
     "s3-server-direct": {"color": "gray", "ls": ":", "marker": "v"},
     "rangestream-sync": {"color": "tab:red", "ls": "", "marker": "s"},
+    "rangestream-dataset": {"color": "tab:red", "ls": "", "marker": "P"},
     "rangestream-async": {"color": "tab:red", "ls": "-", "marker": "o"},
     "rangestream-loader": {"color": "darkred", "ls": "", "marker": "D"},
     "litdata-window": {"color": "tab:blue", "ls": "-", "marker": "o"},

@@ -44,6 +44,10 @@ REGISTRY: tuple[SystemEntry, ...] = (
         "rangestream", ("local", "s3"),
     ),
     SystemEntry(
+        "rangestream-dataset", "benchmarks.systems.rangestream_systems", "RangestreamDataset",
+        "rangestream", ("local",),
+    ),
+    SystemEntry(
         "rangestream-async", "benchmarks.systems.rangestream_systems", "RangestreamAsync",
         "rangestream", ("local", "s3"),
     ),

@@ -3,6 +3,9 @@
 - ``rangestream-sync``: ``StreamStorage.sync_reader().read`` (tokens),
   ``TemporalArrayStorage.read_window`` (temporal), ``DocumentStorage`` ``read_many`` (documents);
   one call per window.
+- ``rangestream-dataset``: the path users call for token windows,
+  ``StreamDataset(storage, sequence_length=2049, stride=1).sync_reader()[i]`` (window ``i``
+  starts at token ``i``), on local disk: the dataset layer on top of the storage read above.
 - ``rangestream-async``: the same through ``async_reader()`` / ``aread_window`` with
   ``concurrency`` windows in flight on one reader and one event loop.
 - ``rangestream-loader``: ``StatefulDataLoader.from_storage`` (2 workers, batches of 8,
@@ -203,6 +206,47 @@ class RangestreamSync(_Rangestream):
                 total += read(start, length)[TOKEN_FIELD].nbytes
             return total
         return sum(payload_nbytes(self._window(windows, i)) for i in ids.tolist())
+
+
+class RangestreamDataset(_Rangestream):
+    """``StreamDataset(storage, sequence_length=2049, stride=1).sync_reader()[i]``, local.
+
+    With ``stride=1`` item ``i`` is the window that starts at token ``i``, so every workload
+    window is one item, read exactly as a training script indexes a dataset. The row sits
+    beside ``rangestream-sync`` (the storage-level ``read``) so the cost of the dataset layer
+    is visible on its own.
+    """
+
+    name = "rangestream-dataset"
+    label = "rangestream StreamDataset[i]"
+
+    def supports(self, workload: str, location: str) -> Support | None:
+        if not workload.startswith("tokens") or location != "local":
+            return None
+        return Support(
+            concurrency=(1,),
+            note="StreamDataset(storage, sequence_length=2049, stride=1).sync_reader()[i], "
+            "item i = the window starting at token i; one item per window",
+        )
+
+    def open(self, data: DatasetData, location: Location) -> None:
+        assert isinstance(data, TokensData)
+        rs = _rangestream()
+        self._storage = self._make_storage(data, location, 16)
+        dataset = rs.StreamDataset(self._storage, sequence_length=data.window_tokens, stride=1)
+        self._reader = dataset.sync_reader()
+
+    def fetch(self, windows: WindowSet, i: int) -> Payload:
+        assert windows.starts is not None
+        return np.asarray(self._reader[int(windows.starts[i])][TOKEN_FIELD])
+
+    def read(self, windows: WindowSet, ids: np.ndarray, concurrency: int) -> int:
+        # raw-memmap's loop: window starts converted at once, then one subscript per window
+        assert windows.starts is not None
+        reader, total = self._reader, 0
+        for start in windows.starts[ids].tolist():
+            total += reader[start][TOKEN_FIELD].nbytes
+        return total
 
 
 class RangestreamAsync(_Rangestream):
