@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from testkit.proxy import FaultConfig, FaultKind, LatencyProxy, ProxyStats
+    from testkit.request_log import LoggedRequest
     from testkit.seaweedfs import (
         DEFAULT_ACCESS_KEY,
         DEFAULT_REGION,
@@ -34,6 +35,7 @@ _MODULE_OF = {
     "FaultConfig": "proxy",
     "FaultKind": "proxy",
     "LatencyProxy": "proxy",
+    "LoggedRequest": "request_log",
     "ProxyStats": "proxy",
     "DEFAULT_ACCESS_KEY": "seaweedfs",
     "DEFAULT_REGION": "seaweedfs",
@@ -52,6 +54,7 @@ __all__ = [
     "FaultConfig",
     "FaultKind",
     "LatencyProxy",
+    "LoggedRequest",
     "ProxyStats",
     "S3Endpoint",
     "SeaweedFSError",
