@@ -50,8 +50,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--reprepare",
         metavar="FAMILIES",
-        help="comma-separated families (rangestream, litdata-window, litdata-dataset, mosaic, "
-        "ceiling) or 'all' whose prepared data is rewritten, e.g. after a format change",
+        help="comma-separated families (rangestream, litdata-window, litdata-dataset, mosaic) "
+        "or 'all' whose prepared data is rewritten, e.g. after a format change",
     )
     r.add_argument("--out", type=Path, help="markdown path (default docs/benchmarks.md)")
     rep = sub.add_parser("report", help="re-render docs from the last results")

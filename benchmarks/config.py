@@ -19,8 +19,7 @@ DOCS_DIR = REPO_ROOT / "docs"
 MOSAIC_VENV = WORK_DIR / "venv-mosaic"
 
 # SeaweedFS serves objects above 4 MiB as 4 MiB pieces, which makes range GETs much slower
-# (ARCHITECTURE.md). Real S3 has no such cliff, so every system's objects are kept below it
-# and the S3 ceiling is measured on objects of this size.
+# (ARCHITECTURE.md). Real S3 has no such cliff, so every system's objects are kept below it.
 OBJECT_BYTES = 4 * 1024 * 1024
 # Chunk/shard byte limit handed to LitData and MosaicML: below OBJECT_BYTES with room for
 # their own headers, so that each of their objects is also served as one piece.
@@ -59,7 +58,6 @@ class DataSizes:
     document_bytes_max: int = 65536
     document_batch: int = 16
     document_batches: int = 8192
-    ceiling_objects: int = 16  # OBJECT_BYTES each
 
 
 FULL_SIZES = DataSizes(token_total=20_000_000)
@@ -68,7 +66,6 @@ QUICK_SIZES = DataSizes(
     temporal_records=50,
     documents=1000,
     document_batch=8,
-    ceiling_objects=4,
 )
 
 

@@ -24,7 +24,8 @@ ACCESS_KEY = "benchaccesskey"
 SECRET_KEY = "benchsecretkey0123456789"
 REGION = "us-east-1"
 BUCKET = "bench"
-STATS_PATH = "/__proxy__/stats"  # testkit.proxy.CONTROL_PREFIX + "/stats"
+CONTROL_PREFIX = "/__proxy__"  # testkit.proxy.CONTROL_PREFIX
+STATS_PATH = f"{CONTROL_PREFIX}/stats"
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,11 @@ class S3Endpoint:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    @property
+    def control_url(self) -> str:
+        """The proxy's own endpoints (counters, request log)."""
+        return self.stats_url.removesuffix("/stats")
 
     def env(self, *, direct: bool = False) -> dict[str, str]:
         """Environment variables that point boto3-based clients at this endpoint."""
@@ -62,6 +68,46 @@ def proxy_stats(stats_url: str) -> dict[str, Any]:
     """One snapshot of the proxy's counters (not counted by the proxy itself)."""
     with urllib.request.urlopen(stats_url, timeout=10) as resp:
         return json.loads(resp.read())
+
+
+def _proxy_post(url: str) -> dict[str, Any]:
+    request = urllib.request.Request(url, method="POST")
+    with urllib.request.urlopen(request, timeout=60) as resp:
+        return json.loads(resp.read())
+
+
+class ProxyRecorder:
+    """The proxy's request log, cut into phases (warm-up, then each timed repeat).
+
+    :meth:`restart` drops what was logged so far; each :meth:`cut` appends the requests
+    completed since the previous cut as one phase. A phase is a list of the proxy's entries
+    (``testkit.request_log.LoggedRequest`` as JSON): the exact (key, byte range) sequence
+    the S3 ceiling replays. Standard library only, for workers in any interpreter.
+    """
+
+    def __init__(self, endpoint: S3Endpoint) -> None:
+        self._url = endpoint.control_url + "/log"
+        self.phases: list[list[dict[str, Any]]] = []
+        self.dropped = 0
+
+    def start(self) -> None:
+        _proxy_post(self._url + "/start")
+        self.phases = []
+
+    def restart(self) -> None:
+        self._take()
+        self.phases = []
+
+    def cut(self) -> None:
+        self.phases.append(self._take())
+
+    def stop(self) -> None:
+        _proxy_post(self._url + "/stop")
+
+    def _take(self) -> list[dict[str, Any]]:
+        got = _proxy_post(self._url + "/take")
+        self.dropped = int(got.get("dropped", 0))
+        return list(got["requests"])
 
 
 class S3Environment:

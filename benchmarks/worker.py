@@ -30,7 +30,8 @@ from benchmarks.measure import (
     timed_repeats,
     verify,
 )
-from benchmarks.s3env import S3Endpoint, proxy_stats
+from benchmarks.s3_ceiling import peak_in_flight, save_log
+from benchmarks.s3env import ProxyRecorder, S3Endpoint, proxy_stats
 from benchmarks.systems.base import Location, System, Unavailable
 from benchmarks.workloads import load_dataset, load_windows
 
@@ -177,6 +178,7 @@ def measure(spec: dict[str, Any], out: Path) -> dict[str, Any]:
             results.append(res.to_json())
             continue
         res.note, res.exact = support.note, support.exact
+        res.own_concurrency = support.own_concurrency
         res.process_prime_s = prime_s
         dataset = DATASET_OF_WORKLOAD[workload]
         location = _location(system, spec, location_kind, endpoint, dataset, workload)
@@ -184,6 +186,8 @@ def measure(spec: dict[str, Any], out: Path) -> dict[str, Any]:
         stats: Any = (lambda: proxy_stats(endpoint.stats_url)) if endpoint else None
         if stats is None and system.io_counters() is not None:
             stats = system.io_counters  # the library's own counts (local rows)
+        # over S3 the proxy logs every request, for the ceiling's replay of this sequence
+        recorder = ProxyRecorder(endpoint) if endpoint else None
         try:
             data = load_dataset(config.data_dir, dataset, config.sizes)
             windows = load_windows(config.data_dir, workload, config.sizes)
@@ -202,6 +206,8 @@ def measure(spec: dict[str, Any], out: Path) -> dict[str, Any]:
                 config.budget.verify_windows,
             )
             cursor = Cursor(windows.count, start=1)
+            if recorder is not None:
+                recorder.start()
             for c in config.concurrency:
                 if c not in support.concurrency:
                     continue
@@ -212,7 +218,15 @@ def measure(spec: dict[str, Any], out: Path) -> dict[str, Any]:
                     c,
                     config.budget,
                     stats,
+                    recorder,
                 )
+                if recorder is not None:
+                    log = Path(spec["gets_root"]) / f"{system.name}-{workload}-c{c}.json"
+                    save_log(log, recorder.phases, {"dropped": recorder.dropped})
+                    m.get_log = str(log)
+                    m.peak_in_flight = peak_in_flight(
+                        [e for phase in recorder.phases[1:] for e in phase]
+                    )
                 res.measurements.append(m)
                 _write(out, {**report, "results": [*results, res.to_json()]})
             res.peak_rss_mb = peak_rss_mb()
@@ -231,6 +245,11 @@ def measure(spec: dict[str, Any], out: Path) -> dict[str, Any]:
                 system.close()
             except Exception:
                 traceback.print_exc()
+            if recorder is not None:
+                try:
+                    recorder.stop()
+                except Exception:
+                    traceback.print_exc()
             shutil.rmtree(cache, ignore_errors=True)
         results.append(res.to_json())
         _write(out, report)
@@ -240,7 +259,12 @@ def measure(spec: dict[str, Any], out: Path) -> dict[str, Any]:
 def main(argv: list[str]) -> int:
     spec_path, out_path = Path(argv[0]), Path(argv[1])
     spec = json.loads(spec_path.read_text())
-    result = prepare(spec, out_path) if spec["mode"] == "prepare" else measure(spec, out_path)
+    if spec["mode"] == "replay":
+        from benchmarks.s3_ceiling import replay
+
+        result = replay(spec, lambda partial: _write(out_path, partial))
+    else:
+        result = prepare(spec, out_path) if spec["mode"] == "prepare" else measure(spec, out_path)
     _write(out_path, result)
     return 0
 

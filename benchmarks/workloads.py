@@ -17,9 +17,7 @@ import numpy as np
 
 from benchmarks.config import (
     DATASET_OF_WORKLOAD,
-    OBJECT_BYTES,
     TEMPORAL_FIELDS,
-    TEMPORAL_GROUPS,
     TEMPORAL_WINDOW_FIELDS,
     DataSizes,
     RunConfig,
@@ -235,42 +233,6 @@ class WindowSet:
     fields: tuple[str, ...] = ()
     batches: np.ndarray | None = None
     doc_sizes: np.ndarray | None = None  # bytes of each document in ``batches``
-
-    def ceiling_ranges(self, seed: int, objects: int) -> np.ndarray:
-        """Byte ranges the ceiling client fetches: one (object, offset, length) row per GET.
-
-        Sizes are those a range reader needs for each window (one GET per token window; one
-        per field group of a temporal window; one per document); offsets are random inside
-        objects of OBJECT_BYTES so the server's per-object costs match the real layout.
-        """
-        if self.dataset == "tokens":
-            sizes = np.full((self.count, 1), self.length * TOKEN_DTYPE.itemsize)
-        elif self.dataset == "temporal":
-            sizes = np.tile(np.array(temporal_group_row_bytes(self.fields)), (self.count, 1))
-            sizes = sizes * self.frames
-        else:
-            assert self.doc_sizes is not None
-            sizes = self.doc_sizes
-        rng = named_rng(seed, f"ceiling-{self.workload}")
-        obj = rng.integers(0, objects, sizes.shape)
-        off = (rng.random(sizes.shape) * (OBJECT_BYTES - sizes + 1)).astype(np.int64)
-        return np.stack([obj, off, sizes], axis=2)  # (count, GETs per window, 3)
-
-
-def temporal_group_row_bytes(fields: tuple[str, ...]) -> list[int]:
-    """Bytes per frame of each field group a window of ``fields`` touches (grouped layout)."""
-    out: list[int] = []
-    seen: set[int] = set()
-    for name in fields:
-        for gi, group in enumerate(TEMPORAL_GROUPS):
-            if name in group:
-                if gi not in seen:
-                    seen.add(gi)
-                    out.append(sum(_row_bytes(f) for f in group))
-                break
-        else:
-            out.append(_row_bytes(name))
-    return out
 
 
 def _row_bytes(name: str) -> int:

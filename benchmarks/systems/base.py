@@ -60,11 +60,15 @@ class Support:
     at 1). ``exact`` says whether it returns exactly the workload's windows; when it does the
     closest equivalent job instead (aligned blocks, whole records sliced after download),
     ``note`` says what it does, and the report prints it beside the figures.
+    ``own_concurrency`` marks a system that decides itself how many requests are in flight
+    (a DataLoader's prefetching workers): the S3 ceiling replays its GETs at the peak the
+    proxy saw in flight rather than at ``concurrency`` windows' worth.
     """
 
     concurrency: tuple[int, ...] = (1,)
     exact: bool = True
     note: str = ""
+    own_concurrency: bool = False
 
 
 class Unavailable(Exception):

@@ -453,6 +453,7 @@ class LitDataLoader(LitDataDataset):
         if workload != "tokens-sequential":
             return None
         return Support(
+            own_concurrency=True,
             exact=False,
             note=f"StreamingDataLoader(batch_size={LOADER_BATCH}, num_workers={LOADER_WORKERS}, "
             "shuffle=False) over TokensLoader(2049) blocks in its own order, iterated across "

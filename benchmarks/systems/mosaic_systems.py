@@ -197,6 +197,7 @@ class MosaicLoader(MosaicDataset):
         if workload != "tokens-sequential":
             return None
         return Support(
+            own_concurrency=True,
             exact=False,
             note=f"StreamingDataLoader(batch_size={LOADER_BATCH}, num_workers={LOADER_WORKERS}) "
             "over the 2049-token samples in its own order (shuffle=False), iterated across "

@@ -345,6 +345,7 @@ class RangestreamLoader(_Rangestream):
         if workload != "tokens-sequential":
             return None
         return Support(
+            own_concurrency=True,
             note=f"StatefulDataLoader.from_storage(sequence_length=2048, next_token=True, "
             f"batch_size={LOADER_BATCH}, num_workers={LOADER_WORKERS}, shuffle=False), "
             "iterated across repeats (epochs restart); no local cache",
