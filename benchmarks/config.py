@@ -30,6 +30,8 @@ LOADER_WORKERS = 2
 LOADER_BATCH = 8
 
 WORKLOADS = ("tokens-random", "tokens-sequential", "temporal", "documents")
+#: the section of the report measured from emitted orders, not by the timing loop
+SHUFFLE_QUALITY = "shuffle-quality"
 DATASET_OF_WORKLOAD = {
     "tokens-random": "tokens",
     "tokens-sequential": "tokens",
@@ -67,6 +69,18 @@ QUICK_SIZES = DataSizes(
     documents=1000,
     document_batch=8,
 )
+
+
+@dataclass(frozen=True)
+class ShuffleSizes:
+    """The stream whose shuffled orders are measured (``benchmarks/shuffle_quality.py``)."""
+
+    tokens: int  # token i has value i, so a window's first token is its position
+    epochs: int  # figures are means over epochs, with their spread
+
+
+FULL_SHUFFLE = ShuffleSizes(tokens=64_000_000, epochs=3)  # 244 MiB, 61 neighbourhoods of 4 MiB
+QUICK_SHUFFLE = ShuffleSizes(tokens=16_000_000, epochs=1)
 
 
 @dataclass(frozen=True)
@@ -124,6 +138,7 @@ class RunConfig:
     systems: tuple[str, ...] | None = None  # None = all registered
     sizes: DataSizes = field(default_factory=lambda: FULL_SIZES)
     budget: Budget = field(default_factory=lambda: FULL_BUDGET)
+    shuffle: ShuffleSizes | None = None  # None: the shuffle-quality section is left out
     seed: int = SEED
     #: rangestream's stored format versions, read where rangestream is importable (the
     #: parent); workers in other environments get them from the serialised config
@@ -166,6 +181,8 @@ class RunConfig:
         d = dict(data)
         d["sizes"] = DataSizes(**d["sizes"])  # type: ignore[arg-type]
         d["budget"] = Budget(**d["budget"])  # type: ignore[arg-type]
+        if d.get("shuffle") is not None:
+            d["shuffle"] = ShuffleSizes(**d["shuffle"])  # type: ignore[arg-type]
         d["concurrency"] = tuple(d["concurrency"])  # type: ignore[arg-type]
         d["format_versions"] = tuple(d.get("format_versions", ()))  # type: ignore[arg-type]
         d["workloads"] = tuple(d["workloads"])  # type: ignore[arg-type]

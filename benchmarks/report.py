@@ -15,6 +15,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from benchmarks import shuffle_quality
 from benchmarks.config import DOCS_DIR, LOADER_BATCH, LOADER_WORKERS, OBJECT_BYTES, WORKLOADS
 from benchmarks.measure import Measurement, WorkloadResult
 from benchmarks.s3_ceiling import CLIENTS, best_replay, replay_rate
@@ -357,6 +358,51 @@ def _loader_targets(by_w: dict[str, list[WorkloadResult]]) -> list[str]:
     return lines
 
 
+def _shuffle_section(section: dict[str, Any] | None) -> list[str]:
+    """Shuffle quality from the emitted orders (``benchmarks/shuffle_quality.py``)."""
+    if not section:
+        return []
+    sq = shuffle_quality
+    return [
+        "### Shuffle quality: from each loader's emitted order",
+        "",
+        f"One stream of {section['tokens'] / 1e6:,.0f}M int32 tokens in which token i has value "
+        f"i ({section['windows']:,} windows of {sq.WINDOW} tokens at stride {sq.STRIDE}, "
+        f"{section['dataset_mib']:,.0f} MiB in "
+        f"{math.ceil(section['dataset_mib'] * 2**20 / sq.NEIGHBOURHOOD)} neighbourhoods of "
+        f"{sq.NEIGHBOURHOOD >> 20} MiB), read on local disk by one rank with {sq.WORKERS} "
+        f"DataLoader workers and batches of {sq.BATCH}, so a window's first token is its "
+        "source position. Each system emits its order in its own process and one function "
+        "computes every figure from those orders alone: the share of pairs of windows of a "
+        f"batch from the same {sq.NEIGHBOURHOOD >> 20} MiB of the source (lower is better; "
+        "an ideal shuffle sits at one over the neighbourhoods), the share of consecutive "
+        "windows within 4 MiB of each other, and their median distance as a fraction of the "
+        f"dataset (higher is better). Mean over {section['epochs']} epoch(s), min{DASH}max "
+        "in brackets. *emitted by*: the system's DataLoader, or rangestream's order module "
+        "(`rangestream.loader.shuffle`, the block shuffle's order as the loader will emit "
+        'it; the loader does not take `shuffle="block"` yet). *mixed per worker*: the '
+        "windows a worker draws a batch from; *reads*: how the order reads storage.",
+        "",
+        *sq.render(section),
+        "",
+    ]
+
+
+def _shuffle_targets(section: dict[str, Any] | None) -> list[str]:
+    """Issue #20: the block shuffle mixes better than LitData's at equal memory."""
+    rows = {r["name"]: r for r in (section or {}).get("rows", []) if "error" not in r}
+    block, lit = rows.get("rangestream-block-k3-4mib"), rows.get("litdata")
+    if not block or not lit:
+        return [f"| shuffle quality: block shuffle vs LitData at equal memory | not measured "
+                f"| {DASH} |"]  # fmt: skip
+    mine, peer = block["same_pairs"][0], lit["same_pairs"][0]
+    return [
+        "| shuffle quality: block shuffle at LitData's memory (K=3 runs of 4 MiB, 12 MiB) "
+        "shares 4 MiB neighbourhoods within a batch less often than LitData's shuffle "
+        f"| {mine:.3f} vs {peer:.3f} | {'yes' if mine < peer else '**no**'} |"
+    ]
+
+
 def _load_lines(data: dict[str, Any], cores: int) -> list[str]:
     """The machine's 1-minute load average around each measuring worker, if recorded."""
     load = data.get("load") or []
@@ -553,7 +599,8 @@ def write(results_path: Path, md_path: Path | None = None, png_path: Path | None
         f"{mach['cpu']}, {mach['cores']} cores; S3 = SeaweedFS + {cfg['latency_ms']:g} ms/request"
         f"{' [quick]' if cfg['quick'] else ''} — {mach['date']}"
     )
-    plot(results, png_path, title, replays)
+    if results:  # a run of the shuffle-quality section alone has no windows/s to plot
+        plot(results, png_path, title, replays)
 
     lines: list[str] = [
         "# Benchmarks",
@@ -564,8 +611,7 @@ def write(results_path: Path, md_path: Path | None = None, png_path: Path | None
         "",
         f"Date: {mach['date']}; the run took {data['elapsed_s'] / 60:.1f} min.",
         "",
-        f"![windows/s against concurrency]({png_path.name})",
-        "",
+        *([f"![windows/s against concurrency]({png_path.name})", ""] if results else []),
         "## Machine",
         "",
         "| | |",
@@ -712,15 +758,18 @@ def write(results_path: Path, md_path: Path | None = None, png_path: Path | None
             *_replay_table(results, replays),
             "",
         ]
-    lines += ["### Notes", ""]
+    lines += _shuffle_section(data.get("shuffle_quality"))
+    if notes:
+        lines += ["### Notes", ""]
     for text, n in sorted(notes.items(), key=lambda kv: kv[1]):
         lines.append(f"{n}. {text}")
     lines += [
         "",
-        "## Targets (issues #6, #5 and #4; reported, not asserted)",
+        "## Targets (issues #6, #5, #4, #15 and #20; reported, not asserted)",
         "",
         *_targets(by_w, replays),
         *_loader_targets(by_w),
+        *(_shuffle_targets(data.get("shuffle_quality")) if data.get("shuffle_quality") else []),
     ]
     if data.get("uploads"):
         lines += ["", "## Objects on the S3 server", "", "| prefix | objects | MiB | largest MiB |"]

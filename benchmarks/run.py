@@ -4,7 +4,9 @@ Order of work: generate data (cached) -> prepare each family's format (one worke
 cached) -> start SeaweedFS and the latency proxy -> upload prepared data -> one measuring
 worker per system and location (over S3 the proxy logs each system's GETs) -> one worker
 replaying every logged GET sequence with the lean clients (the S3 ceiling, see
-``benchmarks/s3_ceiling.py``) -> write results JSON, ``docs/benchmarks.md`` and the plot.
+``benchmarks/s3_ceiling.py``) -> one worker per shuffled loader emitting its order (shuffle
+quality, ``benchmarks/shuffle_quality.py``) -> write results JSON, ``docs/benchmarks.md``
+and the plot.
 
 Workers are subprocesses with timeouts, killed as a process group when late, and the whole
 run has a deadline: on a 2-core machine shared with the S3 server, one hung peer must not
@@ -119,6 +121,7 @@ class Orchestrator:
         self.deadline = time.monotonic() + deadline_s
         self.results: list[WorkloadResult] = []
         self.replays: list[dict[str, Any]] = []  # the S3 ceiling (s3_ceiling.replay_one)
+        self.shuffle: dict[str, Any] | None = None  # shuffle_quality.quality
         self.notes: list[str] = []
         self.uploads: dict[str, dict[str, Any]] = {}
         # 1-minute load average around each measuring worker: on a small shared machine,
@@ -318,6 +321,37 @@ class Orchestrator:
                 f"{len(recordings)} measurements: {_tail(out.log)}"
             )
 
+    def shuffle_quality(self) -> None:
+        """Each shuffled loader emits its order; one function computes the figures."""
+        from benchmarks.shuffle_quality import ORDERS, quality
+
+        sizes = self.config.shuffle
+        assert sizes is not None
+        work = WORK_DIR / "shuffle" / self.config.tag
+        shutil.rmtree(work / "orders", ignore_errors=True)
+        errors: dict[str, str] = {}
+        for order in ORDERS:
+            if _python_for(order.interpreter) is None:
+                errors[order.name] = "MosaicML virtualenv missing (python -m benchmarks setup)"
+                continue
+            timeout = min(self.config.budget.prepare_timeout_s, self.remaining())
+            if timeout < 10:
+                errors[order.name] = "run deadline reached"
+                continue
+            spec = {
+                "mode": "order",
+                "name": order.name,
+                "tokens": sizes.tokens,
+                "epochs": sizes.epochs,
+                "work": str(work),
+            }
+            out = run_worker(order.interpreter, spec, f"order-{order.name}", timeout, {})
+            if out.returncode != 0:
+                status = "timed out" if out.returncode is None else "failed"
+                errors[order.name] = f"{status}: {_tail(out.log)}"
+            _log(f"order {order.name}: {errors.get(order.name, 'ok')} ({out.seconds:.0f} s)")
+        self.shuffle = quality(sizes.tokens, sizes.epochs, work, errors)
+
     def upload(self, s3: S3Environment, unavailable: dict[str, str]) -> None:
         done: set[str] = set()
         assert s3.endpoint is not None
@@ -345,10 +379,13 @@ class Orchestrator:
     def run(self) -> Path:
         t0 = time.perf_counter()
         _log(f"data ({self.config.tag})")
-        generate(self.config)
+        if self.config.workloads:
+            generate(self.config)
         shutil.rmtree(self.gets_dir, ignore_errors=True)
-        unavailable = self.prepare()
-        needs_s3 = any("s3" in e.locations and e.family not in unavailable for e in self.entries)
+        unavailable = self.prepare() if self.config.workloads else {}
+        needs_s3 = bool(self.config.workloads) and any(
+            "s3" in e.locations and e.family not in unavailable for e in self.entries
+        )
         s3: S3Environment | None = None
         try:
             if needs_s3:
@@ -361,12 +398,15 @@ class Orchestrator:
                     self.notes.append(f"S3 set-up failed: {exc}")
                     s3.close()
                     s3 = None
-            self.measure(unavailable, s3)
+            if self.config.workloads:
+                self.measure(unavailable, s3)
             if s3 is not None:
                 self.replay(s3)
         finally:
             if s3 is not None:
                 s3.close()
+        if self.config.shuffle is not None:
+            self.shuffle_quality()
         elapsed = time.perf_counter() - t0
         return self._save(elapsed)
 
@@ -382,6 +422,7 @@ class Orchestrator:
             "notes": self.notes,
             "results": [r.to_json() for r in self.results],
             "replays": self.replays,
+            "shuffle_quality": self.shuffle,
         }
         path = WORK_DIR / f"results-{self.config.tag}.json"
         path.write_text(json.dumps(payload, indent=1))

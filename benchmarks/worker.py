@@ -1,5 +1,9 @@
 """Worker subprocess: prepare data for, or measure, one system at one location.
 
+Two more modes serve the report's other sections: ``replay`` (the S3 ceiling,
+``benchmarks/s3_ceiling.py``) and ``order`` (one loader's emitted order for the shuffle
+quality, ``benchmarks/shuffle_quality.py``).
+
 ``python -m benchmarks.worker SPEC.json OUT.json`` (run by the orchestrator, possibly with
 another interpreter such as the MosaicML virtualenv's). Results are written to OUT.json after
 every workload, so a worker killed at its timeout still leaves what it finished.
@@ -263,6 +267,10 @@ def main(argv: list[str]) -> int:
         from benchmarks.s3_ceiling import replay
 
         result = replay(spec, lambda partial: _write(out_path, partial))
+    elif spec["mode"] == "order":
+        from benchmarks.shuffle_quality import emit
+
+        result = emit(spec["name"], spec["tokens"], spec["epochs"], Path(spec["work"]))
     else:
         result = prepare(spec, out_path) if spec["mode"] == "prepare" else measure(spec, out_path)
     _write(out_path, result)
