@@ -7,7 +7,8 @@
   GETs (the S3 ceiling), measure shuffle quality from each loader's emitted order, write
   ``docs/benchmarks.md`` and ``docs/benchmarks.png``. Installs what is missing first.
 - ``report``: re-render the docs from the last results file (no measuring).
-- ``ingest [--size-mb 100] [--workers 2]``: conversion speed (see ``benchmarks/ingest.py``).
+- ``ingest [--size-mb 100] [--workers 2]``: conversion speed (see ``benchmarks/ingest.py``),
+  rendered as a section of ``docs/benchmarks.md`` from its own results.
 """
 
 from __future__ import annotations

@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 from benchmarks import shuffle_quality
 from benchmarks.config import DOCS_DIR, LOADER_BATCH, LOADER_WORKERS, OBJECT_BYTES, WORKLOADS
+from benchmarks.ingest import RESULTS as INGEST_RESULTS
+from benchmarks.ingest import VOCAB_SIZE
 from benchmarks.measure import Measurement, WorkloadResult
 from benchmarks.s3_ceiling import CLIENTS, best_replay, replay_rate
 from benchmarks.workloads import TOKEN_DTYPE
@@ -403,6 +407,101 @@ def _shuffle_targets(section: dict[str, Any] | None) -> list[str]:
     ]
 
 
+def _spread(values: list[float]) -> str:
+    return f"{min(values):,.0f}{DASH}{max(values):,.0f}"
+
+
+def _ingest_each_row(
+    r: dict[str, Any], tokens: int, convert_rate: float, convert_cpu: float
+) -> list[str]:
+    """The row of LitData with one encode call per document, when it was measured."""
+    samples = r.get("litdata_each") or []
+    if not samples:
+        return []
+    rates = [tokens / s["seconds"] for s in samples]
+    per_cpu = statistics.median(tokens / s["cpu_s"] for s in samples)
+    return [
+        f"| LitData, `fn` encoding one document per call (as LitData's examples do) | "
+        f"{statistics.median(rates):,.0f} | {_spread(rates)} | "
+        f"{convert_rate / statistics.median(rates):.2f}x | {per_cpu:,.0f} | "
+        f"{convert_cpu / per_cpu:.2f}x |"
+    ]
+
+
+def ingest_section(r: dict[str, Any], date: str | None = None) -> list[str]:
+    """Conversion speed from ``python -m benchmarks ingest``'s results (issue 16)."""
+    ceiling_rate = [s["tokens_per_s"] for s in r["ceiling"]]
+    ceiling_read = [s["tokens_per_s"] for s in r["ceiling_read"]]
+    convert_rate = [s["tokens_per_s"] for s in r["convert"]]
+    tokens = r["convert"][0]["tokens"]
+    lit_rate = [tokens / s["seconds"] for s in r["litdata"]]
+    med = statistics.median
+    per_cpu = {
+        "ceiling": med(s["tokens_per_cpu_s"] for s in r["ceiling"]),
+        "ceiling_read": med(s["tokens_per_cpu_s"] for s in r["ceiling_read"]),
+        "convert": med(s["tokens_per_cpu_s"] for s in r["convert"]),
+        "litdata": med(tokens / s["cpu_s"] for s in r["litdata"]),
+    }
+    ratio = {k: per_cpu["convert"] / v for k, v in per_cpu.items()}
+    lines = [
+        "## Ingestion: `rangestream convert` against the tokenizer and LitData",
+        "",
+        f"Command: `{r['command']}` (a benchmark of its own, run apart from the one above); "
+        f"date: {r.get('date') or date or 'not recorded'}.",
+        "",
+        f"Machine: {r['machine']}; {r['workers']} worker processes everywhere; "
+        f"corpus {r['corpus_mb']} MB of JSONL ({r['documents']:,} documents, "
+        f"{tokens:,} tokens with a {VOCAB_SIZE:,}-id byte-level BPE trained on it); "
+        f"{len(r['convert'])} repeats, interleaved; medians with the min{DASH}max spread.",
+        "",
+        "| what | tokens/s | spread | convert / it | tokens per CPU-s | convert / it |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        f"| tokenizer alone: `encode_batch_fast`, texts in memory, nothing written | "
+        f"{med(ceiling_rate):,.0f} | {_spread(ceiling_rate)} | "
+        f"{med(convert_rate) / med(ceiling_rate):.2f}x | {per_cpu['ceiling']:,.0f} | "
+        f"{ratio['ceiling']:.2f}x |",
+        f"| tokenizer with reading + JSON parsing, nothing written | {med(ceiling_read):,.0f} | "
+        f"{_spread(ceiling_read)} | {med(convert_rate) / med(ceiling_read):.2f}x | "
+        f"{per_cpu['ceiling_read']:,.0f} | {ratio['ceiling_read']:.2f}x |",
+        f"| **`rangestream convert --preset seq`** (read, tokenize, write, commit) | "
+        f"**{med(convert_rate):,.0f}** | {_spread(convert_rate)} | 1.00x | "
+        f"{per_cpu['convert']:,.0f} | 1.00x |",
+        f"| LitData 0.2.76 `optimize` + `TokensLoader`, same tokens | {med(lit_rate):,.0f} | "
+        f"{_spread(lit_rate)} | {med(convert_rate) / med(lit_rate):.2f}x | "
+        f"{per_cpu['litdata']:,.0f} | {ratio['litdata']:.2f}x |",
+        *_ingest_each_row(r, tokens, med(convert_rate), per_cpu["convert"]),
+        "",
+        "Targets (issue 16): convert >= 0.8x the tokenizer-alone ceiling, >= 1.5x LitData. "
+        "Tokens per CPU-second (every process and thread of a system, from `getrusage`) is "
+        "the view that does not move with the machine's load: on a shared machine the "
+        "wall-clock rates move with whatever else runs.",
+        "",
+        "Stored: rangestream "
+        f"{r['convert'][0]['stored_mb']:,.1f} MB ({r['convert'][0]['shards']} shards, uint16 "
+        f"tokens), LitData {r['litdata'][0]['stored_mb']:,.1f} MB (int32 tokens as TokensLoader "
+        "stores what fn yields).",
+        "",
+        "Peak RSS of `convert` (a fresh process per size; the parent and its largest worker):",
+        "",
+        "| corpus | parent MB | largest worker MB |",
+        "| ---: | ---: | ---: |",
+    ]
+    for size, rss in sorted(r["rss"].items(), key=lambda kv: int(kv[0])):
+        lines.append(f"| {size} MB | {rss['parent_mb']:,.0f} | {rss['worker_mb']:,.0f} |")
+    lines += ["", "Raw results: `benchmarks/.work/ingest/results.json`."]
+    return lines
+
+
+def _ingest_lines() -> list[str]:
+    """The ingestion section if ``python -m benchmarks ingest`` left results here."""
+    if not INGEST_RESULTS.exists():
+        return []
+    modified = time.strftime(
+        "%Y-%m-%d %H:%M UTC (the results file's time)", time.gmtime(INGEST_RESULTS.stat().st_mtime)
+    )
+    return ["", *ingest_section(json.loads(INGEST_RESULTS.read_text()), modified)]
+
+
 def _load_lines(data: dict[str, Any], cores: int) -> list[str]:
     """The machine's 1-minute load average around each measuring worker, if recorded."""
     load = data.get("load") or []
@@ -779,6 +878,7 @@ def write(results_path: Path, md_path: Path | None = None, png_path: Path | None
                 f"| {prefix} | {u['objects']} | {u['bytes'] / 2**20:.1f} "
                 f"| {u['largest'] / 2**20:.2f} |"
             )
+    lines += _ingest_lines()
     if data.get("notes"):
         lines += ["", "## Run notes", "", *[f"- {n}" for n in data["notes"]]]
     md_path.parent.mkdir(parents=True, exist_ok=True)
