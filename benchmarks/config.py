@@ -29,12 +29,16 @@ PEER_CHUNK_BYTES = OBJECT_BYTES - 64 * 1024
 LOADER_WORKERS = 2
 LOADER_BATCH = 8
 
-WORKLOADS = ("tokens-random", "tokens-sequential", "temporal", "documents")
+WORKLOADS = ("tokens-random", "tokens-sequential", "tokens-shuffled", "temporal", "documents")
+#: workloads only DataLoaders run: a shuffled epoch, in the order each loader chooses (the
+#: systems return every window of the list once, in their own order: ``Support.any_order``)
+LOADER_WORKLOADS = ("tokens-shuffled",)
 #: the section of the report measured from emitted orders, not by the timing loop
 SHUFFLE_QUALITY = "shuffle-quality"
 DATASET_OF_WORKLOAD = {
     "tokens-random": "tokens",
     "tokens-sequential": "tokens",
+    "tokens-shuffled": "tokens",
     "temporal": "temporal",
     "documents": "documents",
 }

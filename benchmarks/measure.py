@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from benchmarks.config import Budget
-from benchmarks.workloads import WindowSet, payload_equal
+from benchmarks.workloads import TokensData, WindowSet, in_token_stream, payload_equal
 
 
 @dataclass
@@ -57,6 +57,8 @@ class Measurement:
     get_log: str | None = None
     #: most requests the proxy saw in flight at once during the timed repeats (S3 rows)
     peak_in_flight: int | None = None
+    #: requests in flight on average over the timed repeats (S3 rows)
+    mean_in_flight: float | None = None
 
 
 @dataclass
@@ -287,3 +289,13 @@ def verify(
     """Compare ``n`` windows spread over the list (first and last included) exactly."""
     ids = sorted({int(i) for i in np.linspace(0, windows.count - 1, max(n, 2))})
     return all(payload_equal(fetch(i), truth(i)) for i in ids)
+
+
+def verify_in_stream(
+    fetch: Callable[[int], Any], data: TokensData, windows: WindowSet, n: int, exact: bool
+) -> bool:
+    """The next ``n`` windows of a system with an order of its own, found in the source:
+    each at one of the workload's starts (exact), or anywhere in the stream (equivalent
+    jobs: aligned blocks of the system's own layout)."""
+    starts = windows.starts if exact else None
+    return all(in_token_stream(data, fetch(i), starts) for i in range(max(n, 2)))

@@ -18,7 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import shuffle_quality
-from benchmarks.config import DOCS_DIR, LOADER_BATCH, LOADER_WORKERS, OBJECT_BYTES, WORKLOADS
+from benchmarks.config import (
+    DOCS_DIR,
+    LOADER_BATCH,
+    LOADER_WORKERS,
+    LOADER_WORKLOADS,
+    OBJECT_BYTES,
+    WORKLOADS,
+)
 from benchmarks.ingest import RESULTS as INGEST_RESULTS
 from benchmarks.ingest import VOCAB_SIZE
 from benchmarks.measure import Measurement, WorkloadResult
@@ -26,17 +33,20 @@ from benchmarks.s3_ceiling import CLIENTS, best_replay, replay_rate
 from benchmarks.workloads import TOKEN_DTYPE
 
 LOCAL_BASELINE = "raw-memmap"
-LOADER_WORKLOAD = "tokens-sequential"  # the DataLoader rows run on this workload only
+LOADER_TABLE_WORKLOADS = ("tokens-sequential", *LOADER_WORKLOADS)  # where DataLoader rows run
 LOADER_PEER = "litdata-loader"  # the loader the other loader rows are compared with
+EPOCH_TOKENS = 10**12  # issue 20 prices a shuffled epoch of this many tokens
+S3_GET_PRICE = 0.40 / 1e6  # USD per GET, S3 Standard list price
 # Loaders whose adapter times its cold open together with the first batch out of the loader;
 # the others' "first window" is a dataset item read before any loader exists.
-FIRST_BATCH_TIMED = ("rangestream-loader", "litdata-loader")
+FIRST_BATCH_TIMED = ("rangestream-loader", "litdata-loader")  # and their variants
 
 DASH = "\u2013"  # en dash: "no value" in the tables, and ranges
 
 WORKLOAD_TITLES = {
     "tokens-random": "Token windows, random order",
     "tokens-sequential": "Token windows, sequential order",
+    "tokens-shuffled": "Token windows, a shuffled epoch through the DataLoaders",
     "temporal": "Temporal windows (64 frames of features + pose)",
     "documents": "Documents, random read_many batches",
 }
@@ -45,6 +55,7 @@ WORKLOAD_TITLES = {
 SHORT_TITLES = {
     "tokens-random": "token windows, random",
     "tokens-sequential": "token windows, sequential",
+    "tokens-shuffled": "token windows, shuffled loaders",
     "temporal": "temporal windows (features + pose)",
     "documents": "document batches (read_many)",
 }
@@ -265,41 +276,67 @@ def _targets(by_w: dict[str, list[WorkloadResult]], replays: Replays) -> list[st
     return lines
 
 
+def _is_loader(system: str) -> bool:
+    return system.endswith("-loader") or "-loader-" in system
+
+
 def _loader_rows(by_w: dict[str, list[WorkloadResult]]) -> list[WorkloadResult]:
     return [
         r
-        for r in by_w.get(LOADER_WORKLOAD, [])
-        if r.system.endswith("-loader") and r.status != "unsupported"
+        for w in LOADER_TABLE_WORKLOADS
+        for r in by_w.get(w, [])
+        if _is_loader(r.system) and r.status != "unsupported"
     ]
+
+
+def _epoch_gets(requests_per_window: float | None, stride: int) -> str:
+    """GETs of a 10^12-token epoch at this rate, and their S3 list price."""
+    if requests_per_window is None:
+        return DASH
+    gets = EPOCH_TOKENS / stride * requests_per_window
+    return f"{gets:.2g} (${gets * S3_GET_PRICE:,.2f})"
 
 
 def _loader_table(by_w: dict[str, list[WorkloadResult]], sizes: dict[str, Any]) -> list[str]:
     """Tokens through the DataLoaders, in the units a training loop cares about.
 
-    Same measurements as the sequential-token table, restated: tokens/s counts the
-    ``window_stride`` new tokens of each row (the +1 next-token target overlaps the next
-    row), bytes read per token divides what was fetched by those tokens, and each loader is
-    compared with LitData's loader at the same location.
+    Same measurements as the loader rows of the sequential and shuffled token tables,
+    restated: tokens/s counts the ``window_stride`` new tokens of each row (the +1
+    next-token target overlaps the next row), bytes read per token divides what was fetched
+    by those tokens, and each loader is compared with LitData's loader at the same location
+    in the same order. Over S3, the GETs of a 10^12-token epoch at the measured rate.
     """
     stride = int(sizes["window_stride"])
     row_bytes = int(sizes["window_tokens"]) * TOKEN_DTYPE.itemsize
     rows = _loader_rows(by_w)
-    peer = {r.location: r for r in rows if r.system == LOADER_PEER and r.status == "ok"}
+    peer = {
+        (r.location, r.workload): r for r in rows if r.system == LOADER_PEER and r.status == "ok"
+    }
     out = [
-        "| loader | where | time to first batch | vs LitData | tokens/s median (min"
-        f"{DASH}max) | vs LitData | bytes read /token | requests /batch | client CPU µs "
-        "/token | local disk MB |",
-        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|",
+        "| loader | order | where | time to first batch | vs LitData | tokens/s median (min"
+        f"{DASH}max) | vs LitData | bytes read /token | requests /batch | GETs of a 10^12-token "
+        "epoch (S3 list price) | client CPU µs /token | local disk MB |",
+        "|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     order = {"local": 0, "s3": 1}
-    for r in sorted(rows, key=lambda r: (order.get(r.location, 2), r.system)):
+    for r in sorted(
+        rows,
+        key=lambda r: (
+            LOADER_TABLE_WORKLOADS.index(r.workload),
+            order.get(r.location, 2),
+            r.system,
+        ),
+    ):
+        shuffled = "shuffled" if r.workload in LOADER_WORKLOADS else "in order"
         if r.status != "ok" or not r.measurements:
-            out.append(f"| {r.label} | {r.location} | **{r.status}** |" + f" {DASH} |" * 7)
+            out.append(
+                f"| {r.label} | {shuffled} | {r.location} | **{r.status}** |" + f" {DASH} |" * 8
+            )
             continue
         m = r.measurements[0]
-        p = peer.get(r.location)
+        p = peer.get((r.location, r.workload))
         pm = p.measurements[0] if p and p.measurements else None
-        ttfb = r.ttfw_s if r.system in FIRST_BATCH_TIMED else None
+        ttfb = r.ttfw_s if r.system.startswith(FIRST_BATCH_TIMED) else None
         vs_ttfb = _ratio(ttfb, p.ttfw_s) if p and p is not r and ttfb and p.ttfw_s else DASH
         vs_rate = _ratio(m.windows_per_s, pm.windows_per_s) if pm and p is not r else DASH
         per_token = (
@@ -315,6 +352,7 @@ def _loader_table(by_w: dict[str, list[WorkloadResult]], sizes: dict[str, Any]) 
             + " | ".join(
                 [
                     r.label,
+                    shuffled,
                     r.location,
                     f"{ttfb * 1000:,.0f} ms" if ttfb is not None else DASH,
                     vs_ttfb,
@@ -323,6 +361,9 @@ def _loader_table(by_w: dict[str, list[WorkloadResult]], sizes: dict[str, Any]) 
                     vs_rate,
                     _fmt(per_token, 2),
                     _fmt(per_batch, 2),
+                    _epoch_gets(m.requests_per_window, stride)
+                    if r.location == "s3" and not r.disk_mb
+                    else (f"{DASH} (local cache)" if r.location == "s3" else DASH),
                     _fmt(m.cpu_us_per_window / stride, 2),
                     _fmt(r.disk_mb, 1),
                 ]
@@ -334,7 +375,11 @@ def _loader_table(by_w: dict[str, list[WorkloadResult]], sizes: dict[str, Any]) 
 
 def _loader_targets(by_w: dict[str, list[WorkloadResult]]) -> list[str]:
     """Issue #5's DataLoader goals, for rangestream's loader against LitData's."""
-    rows = {(r.system, r.location): r for r in _loader_rows(by_w) if r.status == "ok"}
+    rows = {
+        (r.system, r.location): r
+        for r in _loader_rows(by_w)
+        if r.status == "ok" and r.workload == "tokens-sequential"
+    }
     lines: list[str] = []
     for loc in ("local", "s3"):
         mine, peer = rows.get(("rangestream-loader", loc)), rows.get((LOADER_PEER, loc))
@@ -358,6 +403,43 @@ def _loader_targets(by_w: dict[str, list[WorkloadResult]]) -> list[str]:
             f"| DataLoader ({where}): no local disk | {_fmt(mine.disk_mb, 1)} MB "
             f"(LitData {_fmt(peer.disk_mb, 1)} MB) "
             f"| {'yes' if (mine.disk_mb or 0) == 0 else '**no**'} |"
+        )
+    return lines
+
+
+def _shuffled_loader_targets(by_w: dict[str, list[WorkloadResult]]) -> list[str]:
+    """Issue #20's goals for a shuffled epoch over S3, for rangestream's best shuffled loader
+    row (the per-window shuffle until the block-shuffle row exists) against LitData's."""
+    rows = [
+        r
+        for r in _loader_rows(by_w)
+        if r.status == "ok" and r.measurements and r.location == "s3"
+        if r.workload in LOADER_WORKLOADS
+    ]
+    peer = next((r for r in rows if r.system == LOADER_PEER), None)
+    mine = [r for r in rows if r.system.startswith("rangestream")]
+    if not mine or peer is None:
+        return [f"| shuffled DataLoader (S3): compared with LitData | not measured | {DASH} |"]
+    best = max(mine, key=lambda r: r.measurements[0].windows_per_s)
+    m, pm = best.measurements[0], peer.measurements[0]
+    rate = m.windows_per_s / pm.windows_per_s
+    row = f"shuffled DataLoader (S3), {best.label}"
+    lines = [f"| {row}: windows/s ≥ LitData's | {rate:.2f}x | {'yes' if rate >= 1 else '**no**'} |"]
+    if m.requests_per_window is not None:
+        ok = m.requests_per_window <= 0.01
+        lines.append(
+            f"| {row}: ≤ 0.01 requests per window | {m.requests_per_window:.3f} "
+            f"| {'yes' if ok else '**no**'} |"
+        )
+    lines.append(
+        f"| {row}: no local disk | {_fmt(best.disk_mb, 1)} MB "
+        f"| {'yes' if (best.disk_mb or 0) == 0 else '**no**'} |"
+    )
+    if best.ttfw_s is not None and peer.ttfw_s:
+        ratio = best.ttfw_s / peer.ttfw_s
+        lines.append(
+            f"| {row}: time to first batch ≤ 0.5x LitData's | {best.ttfw_s * 1000:,.0f} ms vs "
+            f"{peer.ttfw_s * 1000:,.0f} ms = {ratio:.2f}x | {'yes' if ratio <= 0.5 else '**no**'} |"
         )
     return lines
 
@@ -622,7 +704,8 @@ def _replay_table(results: list[WorkloadResult], replays: Replays) -> list[str]:
     }
     order = {w: i for i, w in enumerate(WORKLOADS)}
     out = [
-        "| system | workload | conc. | GETs /window | replayed in flight | system's peak in flight "
+        "| system | workload | conc. | GETs /window | replayed in flight | system in flight: "
+        "mean, peak "
         f"| system windows/s | replay windows/s: {' | '.join(CLIENTS)} | system / best replay "
         "| not replayed | check |",
         "|---|---|--:|--:|--:|--:|--:|" + "--:|" * len(CLIENTS) + "--:|--:|---|",
@@ -650,7 +733,9 @@ def _replay_table(results: list[WorkloadResult], replays: Replays) -> list[str]:
                     *head,
                     _fmt(gets / windows if windows else None, 3),
                     str(rep["lanes"]) if gets else DASH,
-                    _fmt(m.peak_in_flight) if m and m.peak_in_flight is not None else DASH,
+                    f"{m.mean_in_flight:.1f}, {m.peak_in_flight}"
+                    if m and m.mean_in_flight is not None and m.peak_in_flight is not None
+                    else DASH,
                     _fmt(m.windows_per_s) if m else DASH,
                     *cells,
                     _ratio(m.windows_per_s, best[1]) if m and best else DASH,
@@ -749,7 +834,9 @@ def write(results_path: Path, md_path: Path | None = None, png_path: Path | None
         f"- Tokens: int32 documents of {sizes['token_doc_min']}..{sizes['token_doc_max']} "
         f"tokens, about {sizes['token_total'] / 1e6:g}M tokens in all; windows of "
         f"{sizes['window_tokens']} tokens; {sizes['random_windows']:,} random starts, or "
-        f"sequential starts every {sizes['window_stride']} tokens.",
+        f"sequential starts every {sizes['window_stride']} tokens; the shuffled workload "
+        "reads the sequential windows through the DataLoaders in their own shuffled order "
+        "(each loader's default shuffle; a row is checked by finding it in the stream).",
         f"- Temporal: {sizes['temporal_records']} records of {sizes['temporal_frames_min']}.."
         f"{sizes['temporal_frames_max']} frames; features (F,256) f32, clock (F,) f64, valid "
         f"(F,) bool, pose (F,7) f32; random {sizes['temporal_window_frames']}-frame windows of "
@@ -820,7 +907,9 @@ def write(results_path: Path, md_path: Path | None = None, png_path: Path | None
         lines += [
             "### DataLoaders: tokens through the training-loop path",
             "",
-            f"The loader rows of the sequential-token table, restated per token: "
+            f"The loader rows of the sequential and shuffled token tables, restated per token "
+            "(*in order*: `shuffle=False`; *shuffled*: each loader's shuffle, a new epoch "
+            "order): "
             f"{sizes['window_stride']} new tokens per row ({sizes['window_tokens']} with the "
             f"next-token target), batches of {LOADER_BATCH} rows, {LOADER_WORKERS} worker "
             "processes. *time to first batch* is the cold open timed with the first batch out "
@@ -829,7 +918,10 @@ def write(results_path: Path, md_path: Path | None = None, png_path: Path | None
             "*bytes read/token* counts what the proxy saw (S3) or what the loader's workers "
             "reported through their collate function (`rangestream.io.process_io_stats`; "
             "LitData reports nothing locally). *local disk*: what the loader left in its cache "
-            "directory (LitData downloads whole chunks there from S3; rangestream has none).",
+            "directory (LitData downloads whole chunks there from S3; rangestream has none). "
+            "*GETs of a 10^12-token epoch*: 10^12 / 2048 windows times the requests per window "
+            "measured over S3, priced at S3's $0.40 per million GETs; not given for loaders "
+            "that keep a local cache (their timed repeats read it, not S3).",
             "",
             *loader,
             "",
@@ -847,8 +939,9 @@ def write(results_path: Path, md_path: Path | None = None, png_path: Path | None
             "it reads and is cheaper when another GET of the same object is in flight "
             "(docs/design.md). *replayed in flight*: GETs the replay keeps in flight, "
             "`round(c x GETs/window)` (c windows with their GETs together) or, for loaders "
-            "that choose their own concurrency, the system's peak in flight as the proxy "
-            "saw it. *replay windows/s*: the repeat's windows over the time its GETs took "
+            "that choose their own concurrency, the system's mean in flight as the proxy saw "
+            "it (time in flight over the repeats' time, rounded up; the peak is a burst). "
+            "*replay windows/s*: the repeat's windows over the time its GETs took "
             "(median over repeats). *system / best replay* is the *vs limit* of the tables "
             "above: 1.0 means the system is as fast as its own GETs allow here. *not "
             "replayed*: requests other than successful object GETs (listings, HEADs, errors). "
@@ -868,6 +961,7 @@ def write(results_path: Path, md_path: Path | None = None, png_path: Path | None
         "",
         *_targets(by_w, replays),
         *_loader_targets(by_w),
+        *(_shuffled_loader_targets(by_w) if LOADER_WORKLOADS[0] in by_w else []),
         *(_shuffle_targets(data.get("shuffle_quality")) if data.get("shuffle_quality") else []),
     ]
     if data.get("uploads"):

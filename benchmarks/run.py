@@ -287,7 +287,7 @@ class Orchestrator:
                 "workload": r.workload,
                 "concurrency": m.concurrency,
                 "own_concurrency": r.own_concurrency,
-                "peak_in_flight": m.peak_in_flight,
+                "mean_in_flight": m.mean_in_flight,
                 "log": m.get_log,
                 "windows": [int(sample["windows"]) for sample in m.samples],
             }

@@ -12,9 +12,13 @@ replays each recorded sequence with a lean client, GET for GET, on the same obje
   (docs/design.md), which synthetic objects cannot reproduce;
 - at the same concurrency: ``c`` windows in flight with a window's GETs together, i.e.
   ``round(c x GETs per window)`` GETs in flight; systems that choose their own concurrency
-  (DataLoaders with prefetching workers) are replayed at the peak the proxy saw in flight;
+  (DataLoaders with prefetching workers) are replayed at the mean number of requests the
+  proxy saw in flight during their repeats (their time in flight over the repeats' time,
+  rounded up): the load they put on the server on average, where their peak is a burst;
 - repeat by repeat: the warm-up untimed, then each repeat's GETs timed on their own, so
   the replay's windows/s is "the windows of that repeat, in the time their GETs alone take".
+  The untimed warm-up also keeps the replay's GETs in flight long enough to open its whole
+  connection pool, as the system's own warm-up and open did for it.
 
 Two clients, so the ceiling is not one client's artefact: aiohttp signing with botocore's
 SigV4 (the Python cost a signing client pays per request) and obstore (Rust). Requests
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 import traceback
 from abc import ABC, abstractmethod
@@ -92,6 +97,12 @@ def peak_in_flight(entries: list[dict[str, Any]]) -> int:
     return peak
 
 
+def mean_in_flight(entries: list[dict[str, Any]], seconds: float) -> float:
+    """Requests of ``entries`` in flight on average over ``seconds`` (Little's law)."""
+    busy = sum(float(e["finished"]) - float(e["arrived"]) for e in entries)
+    return busy / seconds if seconds > 0 else 0.0
+
+
 def save_log(path: Path, phases: list[list[dict[str, Any]]], meta: dict[str, Any]) -> None:
     """Write the recorded phases (warm-up first, then one per timed repeat)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -103,11 +114,11 @@ def load_log(path: Path) -> dict[str, Any]:
 
 
 def lanes_for(
-    concurrency: int, gets: int, windows: int, own_concurrency: bool, peak: int | None
+    concurrency: int, gets: int, windows: int, own_concurrency: bool, mean: float | None
 ) -> int:
-    """GETs in flight for the replay: ``c`` windows' worth, or the observed peak."""
+    """GETs in flight for the replay: ``c`` windows' worth, or the system's observed mean."""
     if own_concurrency:
-        return max(1, peak or 1)
+        return max(1, math.ceil(mean or 0))
     per_window = gets / windows if windows else 0.0
     return max(1, round(concurrency * per_window))
 
@@ -220,6 +231,14 @@ async def _replay(client: Client, gets: list[Get], lanes: int) -> int:
 # --------------------------------------------------------------------------- the worker
 
 
+def _warm_up(warm: list[Get], repeats: list[list[Get]], lanes: int) -> list[Get]:
+    """The recorded warm-up, topped up from the repeats' GETs (cycled) to at least
+    ``2 x lanes`` GETs: every lane then opens its connection before the timed part."""
+    pool = [g for gets in repeats for g in gets] or warm
+    extra = max(0, 2 * lanes - len(warm))
+    return warm + [pool[i % len(pool)] for i in range(extra)] if pool else warm
+
+
 def _verify(client: Client, gets: list[Get], objects_root: Path, loop: Any) -> bool:
     """The first GETs' bytes against the prepared files they were uploaded from."""
     for g in gets[:VERIFY_GETS]:
@@ -256,7 +275,7 @@ def replay_one(
         total_gets,
         sum(windows),
         bool(recording.get("own_concurrency")),
-        recording.get("peak_in_flight"),
+        recording.get("mean_in_flight"),
     )
     out: dict[str, Any] = {
         key: recording[key] for key in ("system", "label", "workload", "concurrency")
@@ -280,7 +299,7 @@ def replay_one(
             if out["verified"] is None:
                 first = next(g for g in repeat_gets if g)
                 out["verified"] = _verify(client, first, objects_root, loop)
-            loop.run_until_complete(_replay(client, warm_gets, lanes))
+            loop.run_until_complete(_replay(client, _warm_up(warm_gets, repeat_gets, lanes), lanes))
             seconds, cpu = [], []
             for gets in repeat_gets:
                 c0, t0 = cpu_seconds(), time.perf_counter()

@@ -24,7 +24,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from benchmarks.config import DATASET_OF_WORKLOAD, RunConfig
+from benchmarks.config import DATASET_OF_WORKLOAD, LOADER_WORKLOADS, RunConfig
 from benchmarks.measure import (
     Cursor,
     WorkloadResult,
@@ -33,11 +33,12 @@ from benchmarks.measure import (
     reset_peak_rss,
     timed_repeats,
     verify,
+    verify_in_stream,
 )
-from benchmarks.s3_ceiling import peak_in_flight, save_log
+from benchmarks.s3_ceiling import mean_in_flight, peak_in_flight, save_log
 from benchmarks.s3env import ProxyRecorder, S3Endpoint, proxy_stats
-from benchmarks.systems.base import Location, System, Unavailable
-from benchmarks.workloads import load_dataset, load_windows
+from benchmarks.systems.base import Location, Support, System, Unavailable
+from benchmarks.workloads import TokensData, load_dataset, load_windows
 
 PREPARED_MARKER = ".prepared.json"  # written last: a family/dataset dir without it is redone
 
@@ -113,6 +114,15 @@ def _location(
     )
 
 
+def _support(system: System, workload: str, kind: str) -> Support | None:
+    """How ``system`` runs ``workload`` at ``kind``; loader workloads take only systems that
+    return windows in an order of their own (shuffled DataLoaders)."""
+    support = system.supports(workload, kind)
+    if workload in LOADER_WORKLOADS and support is not None and not support.any_order:
+        return None
+    return support
+
+
 def _prime(
     system: System,
     spec: dict[str, Any],
@@ -128,8 +138,9 @@ def _prime(
     empty cache, in a process whose libraries are initialised. Returns the priming time.
     """
     for workload in spec["workloads"]:
-        if system.supports(workload, kind) is None:
+        if _support(system, workload, kind) is None:
             continue
+        system.workload = workload
         dataset = DATASET_OF_WORKLOAD[workload]
         location = _location(system, spec, kind, endpoint, dataset, "prime")
         t0 = time.perf_counter()
@@ -173,7 +184,8 @@ def measure(spec: dict[str, Any], out: Path) -> dict[str, Any]:
         return report
     prime_s = _prime(system, spec, config, location_kind, endpoint)
     for workload in spec["workloads"]:
-        support = system.supports(workload, location_kind)
+        support = _support(system, workload, location_kind)
+        system.workload = workload
         res = WorkloadResult(
             system=system.name, label=system.label, workload=workload, location=location_kind
         )
@@ -203,12 +215,22 @@ def measure(spec: dict[str, Any], out: Path) -> dict[str, Any]:
             res.ttfw_s = time.perf_counter() - t0
             if stats and s0:
                 res.open_requests = int(stats()["requests"] - s0["requests"])
-            res.verified = verify(
-                lambda i, w=windows: system.fetch(w, i),
-                lambda i, d=data, w=windows: system.truth(d, w, i),
-                windows,
-                config.budget.verify_windows,
-            )
+            if support.any_order:
+                assert isinstance(data, TokensData)
+                res.verified = verify_in_stream(
+                    lambda i, w=windows: system.fetch(w, i),
+                    data,
+                    windows,
+                    config.budget.verify_windows,
+                    support.exact,
+                )
+            else:
+                res.verified = verify(
+                    lambda i, w=windows: system.fetch(w, i),
+                    lambda i, d=data, w=windows: system.truth(d, w, i),
+                    windows,
+                    config.budget.verify_windows,
+                )
             cursor = Cursor(windows.count, start=1)
             if recorder is not None:
                 recorder.start()
@@ -228,8 +250,10 @@ def measure(spec: dict[str, Any], out: Path) -> dict[str, Any]:
                     log = Path(spec["gets_root"]) / f"{system.name}-{workload}-c{c}.json"
                     save_log(log, recorder.phases, {"dropped": recorder.dropped})
                     m.get_log = str(log)
-                    m.peak_in_flight = peak_in_flight(
-                        [e for phase in recorder.phases[1:] for e in phase]
+                    timed = [e for phase in recorder.phases[1:] for e in phase]
+                    m.peak_in_flight = peak_in_flight(timed)
+                    m.mean_in_flight = mean_in_flight(
+                        timed, sum(float(s["seconds"]) for s in m.samples)
                     )
                 res.measurements.append(m)
                 _write(out, {**report, "results": [*results, res.to_json()]})

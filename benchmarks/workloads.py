@@ -246,7 +246,8 @@ def load_windows(data_dir: Path, workload: str, sizes: DataSizes) -> WindowSet:
     d = data_dir / dataset
     if dataset == "tokens":
         order = workload.split("-", 1)[1]
-        starts = np.load(d / f"windows_{order}.npy")
+        # a shuffled epoch reads the sequential windows, in the order the loader chooses
+        starts = np.load(d / f"windows_{'sequential' if order == 'shuffled' else order}.npy")
         w = sizes.window_tokens
         return WindowSet(
             workload=workload,
@@ -297,6 +298,18 @@ def ground_truth(data: DatasetData, windows: WindowSet, i: int) -> Payload:
         return {f: np.array(data.fields[f][base : base + windows.frames]) for f in windows.fields}
     assert windows.batches is not None
     return [data.document(int(j)) for j in windows.batches[i]]
+
+
+def in_token_stream(data: TokensData, row: np.ndarray, starts: np.ndarray | None) -> bool:
+    """Whether ``row`` is a contiguous slice of the token stream, starting at one of
+    ``starts`` when given: the check of a window returned in an order of the system's own."""
+    row = np.asarray(row)
+    if row.dtype != TOKEN_DTYPE or row.ndim != 1 or not 0 < len(row) <= data.total:
+        return False
+    candidates = np.flatnonzero(data.tokens[: data.total - len(row) + 1] == row[0])
+    if starts is not None:
+        candidates = np.intersect1d(candidates, starts)
+    return any(np.array_equal(data.tokens[c : c + len(row)], row) for c in candidates.tolist())
 
 
 def payload_equal(a: Payload, b: Payload) -> bool:
