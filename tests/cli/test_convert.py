@@ -15,7 +15,7 @@ from support.corpus import make_texts, write_jsonl
 from support.s3 import S3Location
 
 from rangestream import DocumentStorage, StreamNumpyFormat, StreamStorage
-from rangestream.testing import S3Endpoint
+from testkit import S3Endpoint
 
 
 def run_convert(

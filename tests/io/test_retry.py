@@ -13,7 +13,7 @@ import pytest
 from rangestream import RetryPolicy, StreamNumpyFormat, StreamStorage
 from rangestream.errors import StorageError
 from rangestream.io import retry
-from rangestream.testing import FaultKind, LatencyProxy, S3Endpoint
+from testkit import FaultKind, LatencyProxy, S3Endpoint
 
 TOKENS = np.dtype([("tokens", "<i4")])
 

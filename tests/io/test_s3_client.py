@@ -30,7 +30,7 @@ from rangestream.io.retry import is_transient
 from rangestream.io.s3 import _LeanReads
 from rangestream.io.s3_client import S3ReadClient, S3RequestError, S3TransientError, _error
 from rangestream.io.s3_options import READS_ENV, lean_read_config
-from rangestream.testing import FaultKind, LatencyProxy, S3Endpoint
+from testkit import FaultKind, LatencyProxy, S3Endpoint
 
 SIZE = 100_003
 FAST = RetryPolicy(max_attempts=6, base_delay=0.01, max_delay=0.05, request_timeout=5)

@@ -24,7 +24,7 @@ from rangestream import RetryPolicy, StreamNumpyFormat, StreamStorage
 from rangestream.io import process_io_stats
 from rangestream.io.range_reader import IOStats
 from rangestream.loader import StatefulDataLoader, stack_collate
-from rangestream.testing import FaultConfig, FaultKind, LatencyProxy, S3Endpoint
+from testkit import FaultConfig, FaultKind, LatencyProxy, S3Endpoint
 
 from .datasets import TOKENS, write_tokens
 
