@@ -137,6 +137,10 @@ def test_each_preset_reads_back_equal_to_the_tokenizer_ground_truth(
     )
     check_preset(preset, summary, rows, rust_tokenizer)
     assert summary.shards == (5 if input_kind == "parquet" else 1)
+    # and read back without a format object: the dataset records its own
+    summary.storage = type(summary.storage)(location.url, storage_options=location.storage_options)
+    assert summary.storage.storage_format is None
+    check_preset(preset, summary, rows, rust_tokenizer)
 
 
 def test_a_hugging_face_dataset_converts_like_its_jsonl(

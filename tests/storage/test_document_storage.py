@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.s3 import Location
 
-from rangestream import DocumentPickleFormat, DocumentStorage
+from rangestream import DocumentPickleFormat, DocumentStorage, RecordField, RecordFormat
 from rangestream.errors import InvalidRecordError
 from rangestream.types import DocumentStorageFormat
 
@@ -181,6 +181,121 @@ def test_the_schema_records_the_payload_encoding(
     with storage.sync_writer() as writer:
         writer.append(0, "some text")
     assert stored_schema(tmp_path / "ds") == {"payload_encoding": encoding}
+
+
+def _set_stored_schema(path: Path, schema: dict[str, Any]) -> None:
+    import json
+
+    root = json.loads((path / "zarr.json").read_bytes())
+    root["attributes"]["rangestream"]["schema"] = schema
+    (path / "zarr.json").write_text(json.dumps(root))
+
+
+DPO = RecordFormat(
+    [
+        RecordField("chosen", np.dtype("<u2")),
+        RecordField("rejected", np.dtype("<u2")),
+        RecordField("reward", np.dtype("<f4"), ndim=0),
+    ]
+)
+
+
+def dpo_records(count: int) -> list[dict[str, Any]]:
+    rng = np.random.default_rng(count)
+    return [
+        {
+            "chosen": rng.integers(0, 60_000, rng.integers(1, 40), dtype="<u2"),
+            "rejected": rng.integers(0, 60_000, rng.integers(1, 40), dtype="<u2"),
+            "reward": np.float32(rng.normal()),
+        }
+        for _ in range(count)
+    ]
+
+
+def assert_records_equal(got: dict[str, Any], expected: dict[str, Any]) -> None:
+    assert list(got) == list(expected)
+    for key, value in expected.items():
+        np.testing.assert_array_equal(got[key], value)
+
+
+def test_a_record_dataset_reads_back_without_its_format(location: Location) -> None:
+    records = dpo_records(12)
+    url = location.child("records")
+    with DocumentStorage(url, DPO, storage_options=location.storage_options).sync_writer() as w:
+        for i, record in enumerate(records):
+            w.append(i % 2, record)
+    in_order = [r for shard in (0, 1) for i, r in enumerate(records) if i % 2 == shard]
+    storage = DocumentStorage(url, storage_options=location.storage_options)
+    with storage.sync_reader() as reader:
+        got = reader.read_many(range(len(records)))
+        assert reader.format == DPO
+    for record, expected in zip(got, in_order, strict=True):
+        assert_records_equal(record, expected)
+    assert stored_schema_of(url, location) == {"payload_encoding": "records",
+                                               "format": DPO.schema()}  # fmt: skip
+
+
+def stored_schema_of(url: str, location: Location) -> dict[str, Any]:
+    import json
+
+    import fsspec
+
+    with fsspec.open(f"{url}/zarr.json", "rb", **location.storage_options) as handle:
+        return dict(json.loads(handle.read())["attributes"]["rangestream"]["schema"])
+
+
+def test_a_record_dataset_of_the_previous_layout_reads_with_or_without_its_format(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "ds"
+    records = dpo_records(3)
+    with DocumentStorage(path, DPO).sync_writer() as writer:
+        for record in records:
+            writer.append(0, record)
+    # what convert stored before the kinds recorded formats themselves
+    _set_stored_schema(path, {"payload_encoding": "python:rangestream.formats.records.RecordFormat",
+                              "format": DPO.schema(), "ingest": {"preset": "dpo"}})  # fmt: skip
+    for storage in (DocumentStorage(path), DocumentStorage(path, DPO)):
+        with storage.sync_reader() as reader:
+            assert_records_equal(reader.read(2), records[2])
+
+
+def test_a_record_format_with_other_fields_than_the_stored_ones_is_refused(
+    tmp_path: Path,
+) -> None:
+    from rangestream.errors import SchemaMismatchError
+
+    with DocumentStorage(tmp_path / "ds", DPO).sync_writer() as writer:
+        writer.append(0, dpo_records(1)[0])
+    other = RecordFormat([RecordField("chosen", np.dtype("<u4"))])
+    with pytest.raises(SchemaMismatchError, match="written with the format"):
+        DocumentStorage(tmp_path / "ds", other).sync_reader().__enter__()
+    with pytest.raises(SchemaMismatchError, match=r"'records'.*'pickle'"):
+        DocumentStorage(tmp_path / "ds", DocumentPickleFormat()).sync_reader().__enter__()
+
+
+def test_pickled_documents_are_never_unpickled_on_the_word_of_the_store(tmp_path: Path) -> None:
+    from rangestream.errors import SchemaMismatchError
+
+    with DocumentStorage(tmp_path / "ds", DocumentPickleFormat()).sync_writer() as writer:
+        writer.append(0, {"a": 1})
+    with pytest.raises(SchemaMismatchError, match=r"pickled.*DocumentPickleFormat\(\)"):
+        DocumentStorage(tmp_path / "ds").sync_reader().__enter__()
+    with DocumentStorage(tmp_path / "ds", DocumentPickleFormat()).sync_reader() as reader:
+        assert reader.read(0) == {"a": 1}
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", None])
+def test_a_custom_format_must_be_passed_to_read_and_the_error_says_so(
+    tmp_path: Path, encoding: str | None
+) -> None:
+    from rangestream.errors import SchemaMismatchError
+
+    storage_format = Utf8Format() if encoding else UnnamedFormat()
+    with DocumentStorage(tmp_path / "ds", storage_format).sync_writer() as writer:
+        writer.append(0, "text")
+    with pytest.raises(SchemaMismatchError, match="does not record its format.*pass the format"):
+        DocumentStorage(tmp_path / "ds").sync_reader().__enter__()
 
 
 def test_a_format_naming_another_encoding_is_refused_on_open(tmp_path: Path) -> None:

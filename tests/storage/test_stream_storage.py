@@ -443,3 +443,132 @@ def test_a_plain_big_endian_stream_is_a_little_endian_zarr_int32(tmp_path: Path)
     np.testing.assert_array_equal(zarr.open_array(array, mode="r")[:], np.arange(1000) * 70_000)
     with StreamStorage(tmp_path / "ds", BigEndianIds()).sync_reader() as reader:
         np.testing.assert_array_equal(reader.read(990, 10), np.arange(990, 1000) * 70_000)
+
+
+# -- self-describing datasets: read back without the format object --------------------------
+
+
+def _root(path: Path) -> dict[str, Any]:
+    import json
+
+    return dict(json.loads((path / "zarr.json").read_bytes()))
+
+
+def _set_stored_schema(path: Path, schema: dict[str, Any]) -> None:
+    """Make the committed root record ``schema``, as an older writer or an attacker would."""
+    import json
+
+    root = _root(path)
+    root["attributes"]["rangestream"]["schema"] = schema
+    (path / "zarr.json").write_text(json.dumps(root))
+
+
+def test_a_stream_numpy_dataset_reads_back_without_its_format(location: Location) -> None:
+    records = make_records(5, shards=2, records=4, max_len=60)
+    url = location.child("self")
+    write(StreamStorage(url, StreamNumpyFormat(TOKENS), storage_options=location.storage_options,
+                        **SMALL), records, [])  # fmt: skip
+    tokens, _ = ground_truth(records)
+    storage = StreamStorage(url, storage_options=location.storage_options)
+    assert storage.storage_format is None
+    with storage.sync_reader() as reader:
+        window = reader.read(3, len(tokens) - 5)
+        assert reader.total_length == len(tokens)
+    np.testing.assert_array_equal(window["tokens"], tokens[3:-2])
+    assert storage.stream_dtype == TOKENS
+
+
+def test_the_schema_records_the_stream_numpy_format_beside_its_dtype(tmp_path: Path) -> None:
+    write(StreamStorage(tmp_path / "ds", StreamNumpyFormat(TOKENS)), make_records(1, 1, 1, 5), [])
+    schema = _root(tmp_path / "ds")["attributes"]["rangestream"]["schema"]
+    assert schema["format"] == {"format": "stream_numpy", "version": 1}
+    assert np.lib.format.descr_to_dtype([tuple(f) for f in schema["stream_dtype"]]) == TOKENS
+
+
+def test_a_custom_format_records_nothing_and_must_be_passed_to_read(tmp_path: Path) -> None:
+    storage = StreamStorage(tmp_path / "ds", ShardTagFormat())
+    with storage.sync_writer() as writer:
+        writer.append(0, {"tokens": [1, 2, 3]})
+    assert "format" not in _root(tmp_path / "ds")["attributes"]["rangestream"]["schema"]
+    with pytest.raises(SchemaMismatchError, match=r"does not record its format.*pass the format"):
+        StreamStorage(tmp_path / "ds").sync_reader().__enter__()
+    with StreamStorage(tmp_path / "ds", ShardTagFormat()).sync_reader() as reader:
+        assert reader.read(0, 3)["tokens"].tolist() == [1, 2, 3]
+
+
+def test_a_dataset_written_before_formats_were_recorded_reads_with_its_format(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "ds"
+    records = make_records(2, shards=1, records=3, max_len=20)
+    write(StreamStorage(path, StreamNumpyFormat(TOKENS)), records, [])
+    schema = _root(path)["attributes"]["rangestream"]["schema"]
+    _set_stored_schema(path, {"stream_dtype": schema["stream_dtype"]})  # what main wrote
+    with pytest.raises(SchemaMismatchError, match="does not record its format"):
+        StreamStorage(path).sync_reader().__enter__()
+    tokens, _ = ground_truth(records)
+    with StreamStorage(path, StreamNumpyFormat(TOKENS)).sync_reader() as reader:
+        np.testing.assert_array_equal(reader.read(0, len(tokens))["tokens"], tokens)
+
+
+def test_a_converted_dataset_of_the_previous_layout_reads_without_a_format(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "ds"
+    records = make_records(3, shards=1, records=3, max_len=20)
+    write(StreamStorage(path, StreamNumpyFormat(TOKENS)), records, [])
+    schema = _root(path)["attributes"]["rangestream"]["schema"]
+    # convert's stored schema before the kinds recorded formats themselves
+    _set_stored_schema(path, {"stream_dtype": schema["stream_dtype"],
+                              "format": {"format": "stream_numpy", "version": 1},
+                              "ingest": {"preset": "sft", "tokenizer": "bytes"}})  # fmt: skip
+    tokens, _ = ground_truth(records)
+    with StreamStorage(path).sync_reader() as reader:
+        np.testing.assert_array_equal(reader.read(0, len(tokens))["tokens"], tokens)
+
+
+def test_a_given_format_describing_another_format_is_refused(tmp_path: Path) -> None:
+    class Renamed(StreamNumpyFormat[Any]):
+        def schema(self) -> dict[str, Any]:
+            return {"format": "stream_numpy", "version": 1, "variant": "mine"}
+
+    write(StreamStorage(tmp_path / "ds", StreamNumpyFormat(TOKENS)), make_records(1, 1, 1, 5), [])
+    with pytest.raises(SchemaMismatchError, match="written with the format"):
+        StreamStorage(tmp_path / "ds", Renamed(TOKENS)).sync_reader().__enter__()
+
+
+@pytest.mark.parametrize(
+    "stored",
+    [{"format": "x/../../y"}, {"format": "unknown-format"}, "stream_numpy", {"format": 3}],
+)
+def test_a_stored_format_that_names_nothing_readable_is_refused_on_open(
+    tmp_path: Path, stored: Any
+) -> None:
+    from rangestream.errors import MetadataError
+
+    path = tmp_path / "ds"
+    write(StreamStorage(path, StreamNumpyFormat(TOKENS)), make_records(1, 1, 1, 5), [])
+    schema = _root(path)["attributes"]["rangestream"]["schema"]
+    _set_stored_schema(path, {**schema, "format": stored})
+    with pytest.raises((MetadataError, SchemaMismatchError)):
+        StreamStorage(path).sync_reader().__enter__()
+
+
+def test_writing_without_a_format_says_a_format_is_needed(tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match="writing needs the storage_format"):
+        with StreamStorage(tmp_path / "ds").sync_writer() as writer:
+            writer.append(0, {"tokens": [1]})
+
+
+def test_notes_are_recorded_beside_the_schema_and_may_not_replace_its_keys(
+    tmp_path: Path,
+) -> None:
+    notes = {"ingest": {"preset": "seq", "tokenizer": "bytes"}}
+    storage = StreamStorage(tmp_path / "ds", StreamNumpyFormat(TOKENS), notes=notes)
+    write(storage, make_records(1, 1, 1, 5), [])
+    assert _root(tmp_path / "ds")["attributes"]["rangestream"]["schema"]["ingest"] == notes["ingest"]
+    clashing = StreamStorage(tmp_path / "other", StreamNumpyFormat(TOKENS), notes={"format": 1})
+    with pytest.raises(ValueError, match=r"notes \['format'\]"):
+        write(clashing, make_records(1, 1, 1, 5), [])
+    with pytest.raises(TypeError, match="JSON"):
+        StreamStorage(tmp_path / "x", StreamNumpyFormat(TOKENS), notes={"a": object()})

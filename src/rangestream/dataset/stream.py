@@ -72,7 +72,7 @@ class StreamDataset:
     def sample_span_bytes(self) -> int:
         """Storage bytes from one window's start to the next's (windows in order are
         adjacent or overlapping, so a loader can read a run of them with one request)."""
-        return self.stride * np.dtype(self.storage.storage_format.stream_dtype).itemsize
+        return self.stride * np.dtype(self.storage.stream_dtype).itemsize
 
     def num_windows(self, total_length: int) -> int:
         if total_length < self.window_length:

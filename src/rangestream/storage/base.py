@@ -8,6 +8,7 @@ handed to DataLoader workers; every worker opens its own store, event loop and s
 from __future__ import annotations
 
 import abc
+import json
 import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -56,6 +57,10 @@ class Storage(abc.ABC):
     storage_options
         fsspec options, e.g. ``{"client_kwargs": {"endpoint_url": ...}}`` for MinIO;
         credentials in here never appear in reprs or error messages.
+    notes
+        JSON facts that new writes record in the dataset's schema beside the kind's own
+        keys, e.g. what produced the data (``convert`` records its preset and tokenizer
+        under ``"ingest"``). Readers ignore them; ``rangestream inspect`` shows the schema.
     **options
         Read options (``max_concurrency``, ``coalesce_gap``, ``max_coalesced_bytes``,
         ``retry``, ``verify_checksums``, ``mapped``; see ``ReadOptions``, or pass
@@ -73,6 +78,7 @@ class Storage(abc.ABC):
         url: str | os.PathLike[str],
         *,
         storage_options: Mapping[str, Any] | None = None,
+        notes: Mapping[str, Any] | None = None,
         **options: Any,
     ) -> None:
         if isinstance(url, os.PathLike):
@@ -88,6 +94,7 @@ class Storage(abc.ABC):
         self.storage_options = dict(storage_options or {})
         self.read_options = read
         self.layout_options = layout
+        self.notes = _checked_notes(notes)
         from rangestream.storage.opening import Opening
 
         #: The version this process opened for reads made on the storage itself.
@@ -172,6 +179,10 @@ class Storage(abc.ABC):
         """A reader for ``async with``; its reads run on the loop that awaits them."""
         return self.async_reader_class(self)
 
+    def _reading_format(self, manifest: Manifest) -> Any:
+        """The format reads decode with: the one given, else the one the store describes."""
+        return None
+
     def _open_index(self, manifest: Manifest) -> Program[Any]:
         """What opening reads after the root document (a kind's compact index), if anything.
 
@@ -191,6 +202,16 @@ class Storage(abc.ABC):
 
     def _schema(self) -> dict[str, Any]:
         return {}
+
+    def _committed_schema(self) -> dict[str, Any]:
+        """The schema a commit stores: the kind's (``_schema``) and the caller's ``notes``."""
+        schema = self._schema()
+        clash = sorted(set(schema) & set(self.notes))
+        if clash:
+            raise ValueError(
+                f"notes {clash} would replace keys of the {self.kind} schema; use other names"
+            )
+        return {**schema, **self.notes}
 
     def _check_schema(self, manifest: Manifest) -> None:  # noqa: B027 - optional hook
         """Raise ``SchemaMismatchError`` if the caller's format differs from the stored one."""
@@ -267,3 +288,21 @@ class Storage(abc.ABC):
     def exists(self) -> bool:
         """Whether a committed dataset is at the URL."""
         return run_blocking(self._probe())[0]
+
+
+#: Bound on the serialized ``notes`` of a storage: facts about the data, not data.
+MAX_NOTES_BYTES = 1 << 20
+
+
+def _checked_notes(notes: Mapping[str, Any] | None) -> dict[str, Any]:
+    if notes is None:
+        return {}
+    if not isinstance(notes, Mapping) or not all(isinstance(k, str) for k in notes):
+        raise TypeError(f"notes must be a mapping with str keys, got {type(notes).__name__}")
+    try:
+        size = len(json.dumps(dict(notes)))
+    except (TypeError, ValueError) as error:
+        raise TypeError(f"notes must be JSON-serializable: {error}") from error
+    if size > MAX_NOTES_BYTES:
+        raise ValueError(f"notes are {size} bytes serialized, more than {MAX_NOTES_BYTES}")
+    return dict(notes)

@@ -15,11 +15,17 @@ from typing import Any
 import numpy as np
 
 from rangestream.arguments import integer
-from rangestream.errors import CorruptDataError, InvalidRecordError, OutOfRangeError
+from rangestream.errors import (
+    CorruptDataError,
+    InvalidRecordError,
+    OutOfRangeError,
+    SchemaMismatchError,
+)
+from rangestream.formats.described import check_given_format, format_from_schema, format_schema
 from rangestream.layout.block import ArrayLayout
 from rangestream.layout.caches import ArrayCache
 from rangestream.layout.executors import Program
-from rangestream.layout.manifest import Manifest
+from rangestream.layout.manifest import ROOT_KEY, Manifest
 from rangestream.layout.pieces import RowRead
 from rangestream.storage.base import Storage
 from rangestream.storage.opening import OpenedStorage
@@ -53,6 +59,23 @@ def payload_encoding(storage_format: Any) -> str:
     return f"python:{cls.__module__}.{cls.__qualname__}"
 
 
+#: Encodings recorded under other names by earlier versions, and their names now.
+_LEGACY_ENCODINGS = {"python:rangestream.formats.records.RecordFormat": "records"}
+
+
+def _encoding(value: Any) -> Any:
+    return _LEGACY_ENCODINGS.get(value, value) if isinstance(value, str) else value
+
+
+def _check_document_format(storage_format: Any) -> None:
+    if not callable(getattr(storage_format, "pack", None)) or not callable(
+        getattr(storage_format, "unpack", None)
+    ):
+        raise TypeError(
+            f"storage_format must have pack and unpack, got {type(storage_format).__name__}"
+        )
+
+
 class _DocumentShardEncoder(ShardEncoder):
     def __init__(self, storage_format: DocumentStorageFormat[Any, Any]) -> None:
         self.format = storage_format
@@ -74,7 +97,7 @@ class OpenedDocuments(OpenedStorage):
         self.document_bounds = self.bounds("payload_offsets", minus=1)
         self.num_documents = int(self.document_bounds[-1])
         storage: Any = self.storage
-        self.format: DocumentStorageFormat[Any, Any] = storage.storage_format
+        self.format: DocumentStorageFormat[Any, Any] = storage._reading_format(self.manifest)
         self.offsets = ArrayCache(storage.offsets_cache_bytes)
 
     def _cacheable(self, shard: int) -> bool:
@@ -172,7 +195,11 @@ class DocumentStorage(Storage):
     url
         Where the dataset lives (local path, ``s3://``, ``memory://``, any fsspec URL).
     storage_format
-        A ``DocumentStorageFormat`` (e.g. ``DocumentPickleFormat``: trusted data only).
+        A ``DocumentStorageFormat`` (``RecordFormat``, ``DocumentPickleFormat``: trusted
+        data only, or your own); needed to write. Readers may omit it when the dataset
+        records its format (``RecordFormat`` is recorded with its fields):
+        ``DocumentStorage(url)``. Pickled documents are never unpickled on the word of
+        stored metadata: pass ``DocumentPickleFormat()`` to read them.
     offsets_cache_bytes
         Bytes of document offsets each reader keeps. A shard's offsets are read whole on
         its first touch, so later reads cost one round of requests (the documents' bytes)
@@ -187,20 +214,24 @@ class DocumentStorage(Storage):
     def __init__(
         self,
         url: str | os.PathLike[str],
-        storage_format: DocumentStorageFormat[Any, Any],
+        storage_format: DocumentStorageFormat[Any, Any] | None = None,
         *,
         offsets_cache_bytes: int = DEFAULT_OFFSETS_CACHE_BYTES,
         **options: Any,
     ) -> None:
         super().__init__(url, **options)
         self.offsets_cache_bytes = offsets_cache_bytes
-        if not callable(getattr(storage_format, "pack", None)) or not callable(
-            getattr(storage_format, "unpack", None)
-        ):
-            raise TypeError(
-                f"storage_format must have pack and unpack, got {type(storage_format).__name__}"
-            )
+        if storage_format is not None:
+            _check_document_format(storage_format)
         self.storage_format = storage_format
+
+    def _writing_format(self) -> Any:
+        if self.storage_format is None:
+            raise TypeError(
+                f"DocumentStorage({self.url!r}) was made without a format: it reads what the "
+                "dataset records, but writing needs the storage_format"
+            )
+        return self.storage_format
 
     def _array_layouts(self) -> dict[str, ArrayLayout]:
         return {
@@ -209,27 +240,64 @@ class DocumentStorage(Storage):
         }
 
     def _schema(self) -> dict[str, Any]:
-        return {"payload_encoding": payload_encoding(self.storage_format)}
+        storage_format = self._writing_format()
+        schema: dict[str, Any] = {"payload_encoding": payload_encoding(storage_format)}
+        described = format_schema(storage_format)
+        if described is not None:
+            schema["format"] = described
+        return schema
+
+    def _reading_format(self, manifest: Manifest) -> Any:
+        """The given format once checked against the store, else the one it records."""
+        where = f"{self.url}/{ROOT_KEY}"
+        stored = _encoding(manifest.schema.get("payload_encoding"))
+        recorded = manifest.schema.get("format")
+        storage_format = self.storage_format
+        if storage_format is not None:
+            named = _encoding(getattr(storage_format, "payload_encoding", None))
+            if isinstance(stored, str) and isinstance(named, str) and stored != named:
+                raise SchemaMismatchError(
+                    f"{self.url} stores payloads encoded as {stored!r}, but the format "
+                    f"{type(storage_format).__name__} reads {named!r}"
+                )
+            check_given_format(storage_format, recorded, where)
+            return storage_format
+        if recorded is not None:
+            storage_format = format_from_schema(recorded, where)
+            try:
+                _check_document_format(storage_format)
+            except TypeError as error:
+                raise SchemaMismatchError(f"{where}: the recorded format {error}") from error
+            return storage_format
+        if stored == "pickle":
+            raise SchemaMismatchError(
+                f"{self.url} holds pickled documents; unpickling runs code chosen by whoever "
+                "wrote them, so it is never chosen from stored metadata: pass "
+                "DocumentPickleFormat() if you trust this data"
+            )
+        what = f" ({stored})" if isinstance(stored, str) else ""
+        raise SchemaMismatchError(
+            f"{self.url} does not record its format{what}: it was written with a format that "
+            "has no schema(), or before formats were recorded; pass the format it was "
+            "written with, DocumentStorage(url, storage_format)"
+        )
 
     def _check_schema(self, manifest: Manifest) -> None:
-        from rangestream.errors import SchemaMismatchError
-
         if set(manifest.arrays) != {"payload_heap", "payload_offsets"}:
             raise SchemaMismatchError(f"{self.url} does not hold a document dataset's arrays")
-        stored = manifest.schema.get("payload_encoding")
-        named = getattr(self.storage_format, "payload_encoding", None)
-        if isinstance(stored, str) and isinstance(named, str) and stored != named:
-            raise SchemaMismatchError(
-                f"{self.url} stores payloads encoded as {stored!r}, but the format "
-                f"{type(self.storage_format).__name__} reads {named!r}"
-            )
+        self._reading_format(manifest)
 
     def _shard_encoder(self) -> ShardEncoder:
-        return _DocumentShardEncoder(self.storage_format)
+        return _DocumentShardEncoder(self._writing_format())
 
 
 class _DocumentFacts:
     opened: Any
+
+    @property
+    def format(self) -> Any:
+        """The format documents decode with: the one given, or the one the dataset records."""
+        return self.opened.format
 
     @property
     def num_shards(self) -> int:

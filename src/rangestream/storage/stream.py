@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from rangestream.errors import InvalidRecordError, OutOfRangeError, SchemaMismatchError
+from rangestream.formats.described import check_given_format, format_from_schema, format_schema
 from rangestream.io.local import INLINE_READ_BYTES
 from rangestream.layout.block import ArrayLayout
 from rangestream.layout.dtypes import (
@@ -26,7 +27,7 @@ from rangestream.layout.dtypes import (
     little_endian,
 )
 from rangestream.layout.executors import Program
-from rangestream.layout.manifest import Manifest
+from rangestream.layout.manifest import ROOT_KEY, Manifest
 from rangestream.layout.pieces import Output, RowRead, StoredArray
 from rangestream.storage.base import Storage
 from rangestream.storage.opening import OpenedStorage
@@ -125,7 +126,7 @@ class OpenedStream(OpenedStorage):
         self._bounds = [int(b) for b in bounds]  # bisect on ints beats numpy here
         self.dtype = self.manifest.arrays["stream"].dtype
         self.itemsize = self.dtype.itemsize
-        self.format: Any = self.storage.storage_format  # type: ignore[attr-defined]
+        self.format: Any = self.storage._reading_format(self.manifest)
         self.unpack = self.format.unpack
         self._streams = [self.array(shard, "stream") for shard in self.shard_ids]
         self._segment_arrays: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
@@ -277,7 +278,10 @@ class StreamStorage(Storage):
         Where the dataset lives (local path, ``s3://``, ``memory://``, any fsspec URL).
     storage_format
         A ``StreamStorageFormat`` (e.g. ``StreamNumpyFormat``) defining ``stream_dtype``,
-        ``pack`` and ``unpack``. Reopen a dataset with a format of the same dtype.
+        ``pack`` and ``unpack``; needed to write. Readers may omit it when the dataset
+        records its format (formats with a ``schema()``, as ``StreamNumpyFormat``, are
+        recorded by every write): ``StreamStorage(url)``. A format given to read is
+        checked against the stored dtype and format.
     **options
         See ``Storage`` (storage_options, read and layout options).
     """
@@ -290,44 +294,100 @@ class StreamStorage(Storage):
     def __init__(
         self,
         url: str | os.PathLike[str],
-        storage_format: StreamStorageFormat[Any, Any, Any],
+        storage_format: StreamStorageFormat[Any, Any, Any] | None = None,
         **options: Any,
     ) -> None:
         super().__init__(url, **options)
-        check_stream_format(storage_format, self.format_methods)
+        if storage_format is not None:
+            check_stream_format(storage_format, self.format_methods)
         self.storage_format = storage_format
+
+    @property
+    def stream_dtype(self) -> np.dtype[Any]:
+        """The dtype of one element: the format's, or the stored one (which opens the
+        dataset in this process, once, when no format was given)."""
+        if self.storage_format is not None:
+            return np.dtype(self.storage_format.stream_dtype)
+        return self._default_opening.get_sync().dtype  # type: ignore[attr-defined, no-any-return]
+
+    def _writing_format(self) -> Any:
+        if self.storage_format is None:
+            raise TypeError(
+                f"{type(self).__name__}({self.url!r}) was made without a format: it reads "
+                "what the dataset records, but writing needs the storage_format"
+            )
+        return self.storage_format
 
     def _array_layouts(self) -> dict[str, ArrayLayout]:
         return {
-            "stream": self._layout(self.storage_format.stream_dtype),
+            "stream": self._layout(self._writing_format().stream_dtype),
             "record_ends": self._layout(_INT64, chunk_bytes=max(self.chunk_bytes, 8192)),
         }
 
     def _schema(self) -> dict[str, Any]:
-        return {"stream_dtype": dtype_to_json(little_endian(self.storage_format.stream_dtype))}
+        storage_format = self._writing_format()
+        schema = {"stream_dtype": dtype_to_json(little_endian(storage_format.stream_dtype))}
+        described = format_schema(storage_format)
+        if described is not None:
+            schema["format"] = described
+        return schema
 
-    def _check_stream_dtype(self, manifest: Manifest) -> None:
-        stored = dtype_from_json(manifest.schema.get("stream_dtype"), "stored stream_dtype")
-        # stored little-endian: a big-endian format is the same format
-        if little_endian(stored) != little_endian(self.storage_format.stream_dtype):
+    def _stored_dtype(self, manifest: Manifest) -> np.dtype[Any]:
+        return dtype_from_json(manifest.schema.get("stream_dtype"), "stored stream_dtype")
+
+    def _reading_format(self, manifest: Manifest) -> Any:
+        """The given format once checked against the store, else the one it records."""
+        stored = self._stored_dtype(manifest)
+        where = f"{self.url}/{ROOT_KEY}"
+        storage_format = self.storage_format
+        if storage_format is not None:
+            # stored little-endian: a big-endian format is the same format
+            if little_endian(stored) != little_endian(storage_format.stream_dtype):
+                raise SchemaMismatchError(
+                    f"{self.url} stores stream_dtype {stored}, but the format has "
+                    f"{storage_format.stream_dtype}"
+                )
+            check_given_format(storage_format, manifest.schema.get("format"), where)
+            return storage_format
+        recorded = manifest.schema.get("format")
+        if recorded is None:
             raise SchemaMismatchError(
-                f"{self.url} stores stream_dtype {stored}, but the format has "
-                f"{self.storage_format.stream_dtype}"
+                f"{self.url} does not record its format (it was written with a format "
+                "that has no schema(), or before formats were recorded): pass the format "
+                f"it was written with, {type(self).__name__}(url, storage_format)"
             )
+        storage_format = format_from_schema(recorded, where, stored)
+        try:
+            dtype = check_stream_format(storage_format, self.format_methods)
+        except TypeError as error:
+            raise SchemaMismatchError(
+                f"{where}: the recorded format {recorded.get('format')!r} cannot read a "
+                f"{self.kind} dataset ({error})"
+            ) from error
+        if little_endian(dtype) != little_endian(stored):
+            raise SchemaMismatchError(
+                f"{where}: the recorded format reads {dtype}, the store has {stored}"
+            )
+        return storage_format
 
     def _check_schema(self, manifest: Manifest) -> None:
-        self._check_stream_dtype(manifest)
         if set(manifest.arrays) != {"stream", "record_ends"}:
             raise SchemaMismatchError(f"{self.url} does not hold a stream dataset's arrays")
+        self._reading_format(manifest)
 
     def _shard_encoder(self) -> ShardEncoder:
-        return _StreamShardEncoder(self.storage_format)
+        return _StreamShardEncoder(self._writing_format())
 
 
 class _StreamFacts:
     """What both readers of a stream say about it."""
 
     opened: Any
+
+    @property
+    def format(self) -> Any:
+        """The format windows decode with: the one given, or the one the dataset records."""
+        return self.opened.format
 
     @property
     def num_shards(self) -> int:

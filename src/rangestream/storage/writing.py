@@ -253,7 +253,7 @@ class WriteSession:
             if previous is not None:
                 extra["previous_commit_id"] = previous.commit_id
             manifest = Manifest(
-                storage.kind, self.commit_id, storage._schema(), layouts, ids, lengths, extra
+                storage.kind, self.commit_id, storage._committed_schema(), layouts, ids, lengths, extra
             )
             await store.put("data/zarr.json", dumps(group_document()))
             await store.put(f"{self.prefix}/zarr.json", dumps(group_document()))
