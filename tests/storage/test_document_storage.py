@@ -294,7 +294,7 @@ def test_a_custom_format_must_be_passed_to_read_and_the_error_says_so(
     storage_format = Utf8Format() if encoding else UnnamedFormat()
     with DocumentStorage(tmp_path / "ds", storage_format).sync_writer() as writer:
         writer.append(0, "text")
-    with pytest.raises(SchemaMismatchError, match="does not record its format.*pass the format"):
+    with pytest.raises(SchemaMismatchError, match=r"does not record its format.*pass the format"):
         DocumentStorage(tmp_path / "ds").sync_reader().__enter__()
 
 

@@ -555,9 +555,9 @@ def test_a_stored_format_that_names_nothing_readable_is_refused_on_open(
 
 
 def test_writing_without_a_format_says_a_format_is_needed(tmp_path: Path) -> None:
+    storage = StreamStorage(tmp_path / "ds")
     with pytest.raises(TypeError, match="writing needs the storage_format"):
-        with StreamStorage(tmp_path / "ds").sync_writer() as writer:
-            writer.append(0, {"tokens": [1]})
+        storage.sync_writer().append(0, {"tokens": [1]})
 
 
 def test_notes_are_recorded_beside_the_schema_and_may_not_replace_its_keys(
@@ -566,7 +566,8 @@ def test_notes_are_recorded_beside_the_schema_and_may_not_replace_its_keys(
     notes = {"ingest": {"preset": "seq", "tokenizer": "bytes"}}
     storage = StreamStorage(tmp_path / "ds", StreamNumpyFormat(TOKENS), notes=notes)
     write(storage, make_records(1, 1, 1, 5), [])
-    assert _root(tmp_path / "ds")["attributes"]["rangestream"]["schema"]["ingest"] == notes["ingest"]
+    schema = _root(tmp_path / "ds")["attributes"]["rangestream"]["schema"]
+    assert schema["ingest"] == notes["ingest"]
     clashing = StreamStorage(tmp_path / "other", StreamNumpyFormat(TOKENS), notes={"format": 1})
     with pytest.raises(ValueError, match=r"notes \['format'\]"):
         write(clashing, make_records(1, 1, 1, 5), [])

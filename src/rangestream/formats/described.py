@@ -69,7 +69,9 @@ def format_schema(storage_format: Any) -> dict[str, Any] | None:
     schema = method()
     who = type(storage_format).__name__
     if not isinstance(schema, dict) or not isinstance(schema.get("format"), str):
-        raise TypeError(f"{who}.schema() must return a dict with a 'format' name, got {schema!r:.200}")
+        raise TypeError(
+            f"{who}.schema() must return a dict with a 'format' name, got {schema!r:.200}"
+        )
     if not _NAME.match(schema["format"]):
         raise TypeError(f"{who}.schema() names the format {schema['format']!r}, not a valid name")
     try:
@@ -81,9 +83,7 @@ def format_schema(storage_format: Any) -> dict[str, Any] | None:
     return schema
 
 
-def format_from_schema(
-    value: Any, where: str, stream_dtype: np.dtype[Any] | None = None
-) -> Any:
+def format_from_schema(value: Any, where: str, stream_dtype: np.dtype[Any] | None = None) -> Any:
     """The format that a stored schema describes (untrusted input).
 
     Raises

@@ -564,9 +564,7 @@ class StreamWithMetaStorage(StreamStorage):
         self._reading_format(manifest)
 
     def _shard_encoder(self) -> ShardEncoder:
-        return _MetaShardEncoder(
-            self._writing_format(), self._array_layouts()["runs"].chunk_rows
-        )
+        return _MetaShardEncoder(self._writing_format(), self._array_layouts()["runs"].chunk_rows)
 
 
 class StreamWithMetaStorageReader(StreamStorageReader):

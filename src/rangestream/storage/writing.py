@@ -252,9 +252,8 @@ class WriteSession:
             extra: dict[str, Any] = {"committed_at": _utc_now()}
             if previous is not None:
                 extra["previous_commit_id"] = previous.commit_id
-            manifest = Manifest(
-                storage.kind, self.commit_id, storage._committed_schema(), layouts, ids, lengths, extra
-            )
+            schema = storage._committed_schema()
+            manifest = Manifest(storage.kind, self.commit_id, schema, layouts, ids, lengths, extra)
             await store.put("data/zarr.json", dumps(group_document()))
             await store.put(f"{self.prefix}/zarr.json", dumps(group_document()))
             await store.put(f"{self.prefix}/shards/zarr.json", dumps(group_document()))
