@@ -15,6 +15,7 @@ from support.s3 import Location
 
 from rangestream import DocumentPickleFormat, DocumentStorage, RecordField, RecordFormat
 from rangestream.errors import InvalidRecordError
+from rangestream.io import IOStats
 from rangestream.types import DocumentStorageFormat
 
 SMALL = {"chunk_bytes": 32, "block_bytes": 256}
@@ -307,3 +308,163 @@ def test_a_format_naming_another_encoding_is_refused_on_open(tmp_path: Path) -> 
         DocumentStorage(tmp_path / "ds", Utf8Format()).sync_reader().__enter__()
     with DocumentStorage(tmp_path / "ds", UnnamedFormat()).sync_reader() as reader:
         assert len(reader) == 1  # a format that names no encoding is not checked
+
+
+# -- records: read(i, keys=[...]) reads only the keys' bytes ---------------------------------
+
+WIDE = RecordFormat(
+    [
+        RecordField("a", np.dtype("u1")),
+        RecordField("b", np.dtype("<u2")),
+        RecordField("c", np.dtype("u1")),
+        RecordField("d", np.dtype("<f4"), ndim=0),
+    ]
+)
+CHUNK = 64  # rows (bytes) of one payload_heap inner chunk; stored with a 4-byte crc32c
+
+
+def wide_record(i: int) -> dict[str, Any]:
+    return {
+        "a": np.full(4000, i, dtype="u1"),
+        "b": np.arange(10, dtype="<u2") + i,
+        "c": np.full(4000, 255 - i, dtype="u1"),
+        "d": np.float32(i / 2),
+    }
+
+
+def wide_spans() -> dict[str, tuple[int, int]]:
+    """Each field's byte range in a wide record, by docs/format.md's layout rules."""
+    spans, position = {}, 8 + 8 * 4  # magic, count, four end offsets
+    for name, nbytes in (("a", 8 + 4000), ("b", 8 + 20), ("c", 8 + 4000), ("d", 4)):
+        start = (position + 7) & ~7
+        spans[name] = (start, start + nbytes)
+        position = start + nbytes
+    return spans
+
+
+RECORD_NBYTES = wide_spans()["d"][1]
+
+
+def heap_bytes(start: int, stop: int) -> int:
+    """Stored bytes of the inner chunks holding heap bytes [start, stop) (one block)."""
+    return ((stop - 1) // CHUNK + 1 - start // CHUNK) * (CHUNK + 4)
+
+
+def write_wide(url: str, location: Location, count: int, **options: Any) -> DocumentStorage:
+    layout = {"chunk_bytes": CHUNK, "block_bytes": 1 << 20, "coalesce_gap": 0}
+    storage = DocumentStorage(
+        url, WIDE, storage_options=location.storage_options, **layout, **options
+    )
+    with storage.sync_writer() as writer:
+        for i in range(count):
+            writer.append(0, wide_record(i))
+    return storage
+
+
+def test_keys_of_a_large_record_cost_its_header_and_one_range_of_their_bytes(
+    location: Location,
+) -> None:
+    storage = write_wide(location.child("wide"), location, 4, whole_record_bytes=0)
+    spans = wide_spans()
+    with storage.sync_reader() as reader:
+        reader.read(0, keys=["d"])  # the shard's offsets are read and cached
+        before = reader.stats.copy()
+        got = reader.read(2, keys=["d", "c"])
+        spent = reader.stats - before
+    assert list(got) == ["d", "c"]
+    assert got["d"] == np.float32(1.0)
+    np.testing.assert_array_equal(got["c"], np.full(4000, 253, dtype="u1"))
+    base = 2 * RECORD_NBYTES
+    expected = heap_bytes(base, base + 8 + 8 * 4) + heap_bytes(
+        base + spans["c"][0], base + spans["d"][1]
+    )
+    assert spent.by_key_kind == {"payload_heap": 2}
+    assert spent.bytes_by_key_kind == {"payload_heap": expected}
+    assert expected < heap_bytes(base, base + RECORD_NBYTES) // 2 + 200
+
+
+def test_keys_of_many_records_share_two_rounds(location: Location) -> None:
+    storage = write_wide(location.child("wide"), location, 6, whole_record_bytes=0)
+    with storage.sync_reader() as reader:
+        reader.read(0, keys=["b"])
+        before = reader.stats.copy()
+        got = reader.read_many([5, 1, -3], keys=["b"])
+        spent = reader.stats - before
+    for record, i in zip(got, [5, 1, 3], strict=True):
+        np.testing.assert_array_equal(record["b"], np.arange(10, dtype="<u2") + i)
+    spans = wide_spans()
+    expected = sum(
+        heap_bytes(i * RECORD_NBYTES, i * RECORD_NBYTES + 40)
+        + heap_bytes(i * RECORD_NBYTES + spans["b"][0], i * RECORD_NBYTES + spans["b"][1])
+        for i in (5, 1, 3)
+    )
+    assert spent.by_key_kind == {"payload_heap": 6}  # a header and a range per record
+    assert spent.bytes_by_key_kind == {"payload_heap": expected}
+
+
+@pytest.mark.parametrize("keys", [["a", "b", "c", "d"], ["b"]])
+def test_a_small_record_or_every_key_is_read_whole_in_one_request(
+    tmp_path: Path, keys: list[str]
+) -> None:
+    location = Location(str(tmp_path), {})
+    # every key: read whole whatever its size; one key: whole below whole_record_bytes
+    limit = 0 if len(keys) == 4 else RECORD_NBYTES
+    storage = write_wide(str(tmp_path / "wide"), location, 3, whole_record_bytes=limit)
+    with storage.sync_reader() as reader:
+        reader.read(0)
+        before = reader.stats.copy()
+        got = reader.read(1, keys=keys)
+        spent = reader.stats - before
+    assert list(got) == keys
+    for key in keys:
+        np.testing.assert_array_equal(got[key], wide_record(1)[key])
+    assert spent.by_key_kind == {"payload_heap": 1}
+    assert spent.bytes_by_key_kind == {"payload_heap": heap_bytes(RECORD_NBYTES, 2 * RECORD_NBYTES)}
+
+
+def test_keys_read_through_the_async_reader_and_a_dataset(location: Location) -> None:
+    from rangestream import DocumentDataset
+
+    storage = write_wide(location.child("wide"), location, 3, whole_record_bytes=0)
+
+    async def read() -> list[Any]:
+        async with storage.async_reader() as reader:
+            return [await reader.read(2, ["b"]), *(await reader.read_many([0], keys=["d"]))]
+
+    got = asyncio.run(read())
+    np.testing.assert_array_equal(got[0]["b"], np.arange(10, dtype="<u2") + 2)
+    assert got[1] == {"d": np.float32(0)}
+    dataset = DocumentDataset(DocumentStorage(location.child("wide"),
+                                              storage_options=location.storage_options),
+                              keys=["d", "b"])  # fmt: skip
+    with dataset.sync_reader() as reader:
+        assert [record["d"] for record in reader[0:3]] == [0, 0.5, 1.0]
+        assert list(reader[-1]) == ["d", "b"]
+
+
+def test_unknown_or_malformed_keys_are_refused_before_reading(tmp_path: Path) -> None:
+    from rangestream.errors import UnknownFieldError
+
+    storage = write_wide(str(tmp_path / "wide"), Location(str(tmp_path), {}), 1)
+    with storage.sync_reader() as reader:
+        before = reader.stats.copy()
+        with pytest.raises(UnknownFieldError, match=r"\['zz'\].*fields are \['a', 'b', 'c', 'd'\]"):
+            reader.read(0, keys=["a", "zz"])
+        with pytest.raises(TypeError, match="list of field names"):
+            reader.read(0, keys="a")
+        assert reader.stats - before == IOStats()
+
+
+def test_keys_of_pickled_mappings_are_selected_after_decoding(tmp_path: Path) -> None:
+    from rangestream.errors import UnknownFieldError
+
+    storage = DocumentStorage(tmp_path / "docs", DocumentPickleFormat())
+    with storage.sync_writer() as writer:
+        writer.append(0, {"x": 1, "y": [2], "z": "three"})
+        writer.append(0, ["not", "a", "mapping"])
+    with storage.sync_reader() as reader:
+        assert reader.read(0, keys=["z", "x"]) == {"z": "three", "x": 1}
+        with pytest.raises(UnknownFieldError, match="'w'"):
+            reader.read(0, keys=["w"])
+        with pytest.raises(TypeError, match="mappings"):
+            reader.read(1, keys=["x"])

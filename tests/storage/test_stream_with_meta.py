@@ -732,3 +732,26 @@ def test_a_meta_format_without_a_schema_must_be_passed_to_read(tmp_path: Path) -
         writer.append(0, {"tokens": [1, 2], "keys": [0, 0], "payloads": [b"x", None]})
     with pytest.raises(SchemaMismatchError, match="does not record its format"):
         StreamWithMetaStorage(tmp_path / "ds").sync_reader().__enter__()
+
+
+def test_read_record_returns_a_records_elements_and_exactly_its_payloads(
+    location: Location,
+) -> None:
+    rng = np.random.default_rng(21)
+    records = {s: [make_record(rng, 4, 5, 20, True) for _ in range(3)] for s in (0, 2)}
+    url = location.child("meta")
+    storage = StreamWithMetaStorage(url, RunFormat(), storage_options=location.storage_options)
+    with storage.sync_writer() as writer:
+        for shard, recs in records.items():
+            for record in recs:
+                writer.append(shard, record)
+    in_order = [r for shard in sorted(records) for r in records[shard]]
+    with storage.sync_reader() as reader:
+        for i in (0, 4, -1):
+            got = reader.read_record(i)
+            record = in_order[i]
+            assert got["tokens"].tolist() == record["tokens"]
+            runs = [p for p in record["payloads"] if p is not None]
+            assert got["document_data"] == runs
+            shard = 0 if i % len(in_order) < 3 else 2
+            assert got["document_shard"].tolist() == [shard] * len(runs)

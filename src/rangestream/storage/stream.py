@@ -16,10 +16,17 @@ from typing import Any
 
 import numpy as np
 
-from rangestream.errors import InvalidRecordError, OutOfRangeError, SchemaMismatchError
+from rangestream.arguments import integer
+from rangestream.errors import (
+    CorruptDataError,
+    InvalidRecordError,
+    OutOfRangeError,
+    SchemaMismatchError,
+)
 from rangestream.formats.described import check_given_format, format_from_schema, format_schema
 from rangestream.io.local import INLINE_READ_BYTES
 from rangestream.layout.block import ArrayLayout
+from rangestream.layout.caches import ArrayCache
 from rangestream.layout.dtypes import (
     check_plain_dtype,
     dtype_from_json,
@@ -39,6 +46,8 @@ __all__ = ["StreamStorage", "check_stream_format"]
 
 _INT64 = np.dtype("<i8")
 _MAX_SEGMENT_ARRAYS = 4096
+#: Default bytes of per-shard record ends a reader keeps (8 bytes per record).
+DEFAULT_RECORD_ENDS_CACHE_BYTES = 64 * 1024 * 1024
 #: One window's elements, its per-shard segment lengths and shard ids (``unpack``'s input).
 Elements = tuple[np.ndarray, np.ndarray, np.ndarray]
 
@@ -84,6 +93,24 @@ def check_stream_format(storage_format: Any, methods: Sequence[str]) -> np.dtype
     return dtype
 
 
+def _joined(program: Program[Any], extra: list[RowRead]) -> Program[Any]:
+    """``program``, with ``extra`` reads added to its first round (none added to the count
+    of rounds); their results stay on the reads."""
+    try:
+        step = next(program)
+    except StopIteration as stop:
+        if extra:
+            yield extra
+        return stop.value
+    results = yield [*step, *extra]
+    while True:
+        try:
+            step = program.send(results[: len(step)])
+        except StopIteration as stop:
+            return stop.value
+        results = yield step
+
+
 def _no_window(index: int) -> None:
     return None  # no mapped blocks: every window takes the program
 
@@ -123,6 +150,9 @@ class OpenedStream(OpenedStorage):
         bounds = self.bounds("stream")
         self.stream_bounds = bounds
         self.total_length = int(bounds[-1])
+        self.record_bounds = self.bounds("record_ends")
+        self.num_records = int(self.record_bounds[-1])
+        self._record_bounds = self.record_bounds.tolist()
         self._bounds = [int(b) for b in bounds]  # bisect on ints beats numpy here
         self.dtype = self.manifest.arrays["stream"].dtype
         self.itemsize = self.dtype.itemsize
@@ -131,6 +161,7 @@ class OpenedStream(OpenedStorage):
         self._streams = [self.array(shard, "stream") for shard in self.shard_ids]
         self._segment_arrays: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
         self._window_readers: dict[tuple[int, int], Callable[[int], Any]] = {}
+        self.record_ends = ArrayCache(self.storage.record_ends_cache_bytes)  # type: ignore[attr-defined]
 
     # -- where a window lies --------------------------------------------------------------
     def check_range(self, global_index: Any, length: Any) -> tuple[int, int]:
@@ -205,6 +236,143 @@ class OpenedStream(OpenedStorage):
     def read(self, global_index: int, length: int) -> Program[Any]:
         (window,) = yield from self.read_many_elements([(global_index, length)])
         return self.unpack(*window)
+
+    # -- records: one append call each, found through record_ends -----------------------
+    def locate_record(self, index: Any) -> tuple[int, int]:
+        """``(shard position, record within the shard)`` of a global record index.
+
+        Negative indexes count from the end, as for every sequence of items.
+        """
+        index = integer(index, "record index")
+        count = self.num_records
+        position = index + count if index < 0 else index
+        if not 0 <= position < count:
+            raise OutOfRangeError(
+                f"record {index} is outside the {count} records [0, {count}) of {self.storage.url}"
+            )
+        part = bisect.bisect_right(self._record_bounds, position) - 1
+        return part, position - int(self.record_bounds[part])
+
+    def _cacheable_ends(self, part: int) -> bool:
+        rows = self.shard_length("record_ends", self.shard_ids[part])
+        return 8 * rows <= self.record_ends.max_bytes
+
+    def _whole_ends(self, part: int) -> RowRead:
+        shard = self.shard_ids[part]
+        return RowRead.whole(
+            self.array(shard, "record_ends"), 0, self.shard_length("record_ends", shard), _INT64
+        )
+
+    def _checked_ends(self, part: int, ends: np.ndarray) -> np.ndarray:
+        """A shard's record ends once checked (non-decreasing, ending at its length)."""
+        shard = self.shard_ids[part]
+        length = self.shard_length("stream", shard)
+        if len(ends) and (int(ends[0]) < 0 or int(ends[-1]) != length or (np.diff(ends) < 0).any()):
+            raise CorruptDataError(
+                f"{self.describe(self.manifest.array_key(shard, 'record_ends'))}: record ends "
+                f"are not non-decreasing from >= 0 to the shard's {length} elements"
+            )
+        ends.flags.writeable = False
+        self.record_ends.put(shard, ends)
+        return ends
+
+    def record_ranges(self, indexes: Sequence[int]) -> Program[list[tuple[int, int]]]:
+        """``(global start, length)`` of each record, in one round at most.
+
+        A shard's record ends are read whole on its first touch and kept within
+        ``record_ends_cache_bytes``; a shard over that budget reads each record's pair.
+        """
+        located = [self.locate_record(i) for i in indexes]
+        found: dict[int, np.ndarray] = {}
+        loads: dict[int, RowRead] = {}
+        pairs: dict[int, RowRead] = {}
+        for number, (part, j) in enumerate(located):
+            shard = self.shard_ids[part]
+            cached = self.record_ends.get(shard)
+            if cached is not None:
+                found[part] = cached
+            elif self._cacheable_ends(part):
+                if part not in loads:
+                    loads[part] = self._whole_ends(part)
+            else:
+                array = self.array(shard, "record_ends")
+                pairs[number] = RowRead.whole(array, max(j - 1, 0), j + 1, _INT64)
+        step = [*loads.values(), *pairs.values()]
+        if step:
+            yield step
+        for part, read in loads.items():
+            found[part] = self._checked_ends(part, read.target)
+        out = []
+        for number, (part, j) in enumerate(located):
+            if part in found:
+                ends = found[part]
+                start, end = (int(ends[j - 1]) if j else 0), int(ends[j])
+            else:
+                values = pairs[number].target
+                start, end = (int(values[0]), int(values[1])) if j else (0, int(values[0]))
+            if not 0 <= start <= end <= self.shard_length("stream", self.shard_ids[part]):
+                raise CorruptDataError(
+                    f"{self.describe(self.manifest.array_key(self.shard_ids[part], 'record_ends'))}"
+                    f": record {j} spans [{start}, {end}), outside the shard's stream"
+                )
+            out.append((int(self.stream_bounds[part]) + start, end - start))
+        return out
+
+    def read_records(self, indexes: Sequence[int]) -> Program[list[Any]]:
+        """Whole records (sample ``i`` of an SFT set, as Megatron's ``IndexedDataset[i]``):
+        their ranges (one round unless the shards' record ends are cached), then the
+        window reads of those ranges."""
+        ranges = yield from self.record_ranges(indexes)
+        return (yield from self.read_many(ranges))
+
+    def read_many_with_starts(
+        self, requests: Sequence[tuple[int, int]]
+    ) -> Program[list[tuple[Any, np.ndarray]]]:
+        """Windows, each with the starts of the records it overlaps (window-relative).
+
+        ``starts[0] <= 0`` is where the record holding the window's first element began;
+        the others are the positions inside the window where a record begins (every shard
+        boundary is one). The record ends of shards not yet cached are read whole in the
+        same round as the windows' first reads, so a window costs no extra request once
+        its shards are known and no extra round ever.
+        """
+        plans = [self.segments(*self.check_range(start, length)) for start, length in requests]
+        parts = sorted({part for plan in plans for part, _, _ in plan})
+        found: dict[int, np.ndarray] = {}
+        loads: dict[int, RowRead] = {}
+        for part in parts:
+            cached = self.record_ends.get(self.shard_ids[part])
+            if cached is not None:
+                found[part] = cached
+            elif self._cacheable_ends(part):
+                loads[part] = self._whole_ends(part)
+            else:
+                shard = self.shard_ids[part]
+                raise OutOfRangeError(
+                    f"shard {shard} of {self.storage.url} has "
+                    f"{self.shard_length('record_ends', shard)} records, more record ends "
+                    f"than record_ends_cache_bytes={self.record_ends.max_bytes} holds; "
+                    "windows with boundaries need a shard's ends in memory: raise it"
+                )
+        windows = yield from _joined(self.read_many(requests), list(loads.values()))
+        for part, read in loads.items():
+            found[part] = self._checked_ends(part, read.target)
+        out = []
+        for plan, window in zip(plans, windows, strict=True):
+            starts: list[np.ndarray] = []
+            at = 0
+            for part, low, high in plan:
+                ends = found[part]
+                first = int(np.searchsorted(ends, low, side="right"))
+                last = int(np.searchsorted(ends, high, side="left"))
+                begun = int(ends[first - 1]) if first else 0
+                inside = ends[first:last] - low + at
+                starts.append(np.asarray([at if at else begun - low], dtype=np.int64))
+                starts.append(inside)
+                at += high - low
+            merged = np.unique(np.concatenate(starts)) if starts else np.zeros(1, np.int64)
+            out.append((window, merged.astype(np.int64, copy=False)))
+        return out
 
     def read_in_block(self, global_index: Any, length: Any) -> Any:
         """One window copied straight out of a mapped block, or ``None`` (take ``read``).
@@ -282,6 +450,10 @@ class StreamStorage(Storage):
         records its format (formats with a ``schema()``, as ``StreamNumpyFormat``, are
         recorded by every write): ``StreamStorage(url)``. A format given to read is
         checked against the stored dtype and format.
+    record_ends_cache_bytes
+        Bytes of per-shard record ends each reader keeps: ``read_record`` and windows with
+        record boundaries read a shard's ends whole on its first touch, then need no
+        request for them.
     **options
         See ``Storage`` (storage_options, read and layout options).
     """
@@ -295,12 +467,17 @@ class StreamStorage(Storage):
         self,
         url: str | os.PathLike[str],
         storage_format: StreamStorageFormat[Any, Any, Any] | None = None,
+        *,
+        record_ends_cache_bytes: int = DEFAULT_RECORD_ENDS_CACHE_BYTES,
         **options: Any,
     ) -> None:
         super().__init__(url, **options)
         if storage_format is not None:
             check_stream_format(storage_format, self.format_methods)
         self.storage_format = storage_format
+        self.record_ends_cache_bytes = integer(
+            record_ends_cache_bytes, "record_ends_cache_bytes", minimum=0
+        )
 
     @property
     def stream_dtype(self) -> np.dtype[Any]:
@@ -391,19 +568,30 @@ class _StreamFacts:
 
     @property
     def num_shards(self) -> int:
+        """One more than the highest shard id written (unwritten shards hold nothing)."""
         return int(self.opened.num_shards)
 
+    def num_elements(self, shard: int | None = None) -> int:
+        """Elements in ``shard``, or in all shards (``None``)."""
+        if shard is None:
+            return int(self.opened.total_length)
+        return int(self.opened.shard_length("stream", int(shard)))
+
+    def num_records(self, shard: int | None = None) -> int:
+        """Records (``append`` calls) in ``shard``, or in all shards (``None``)."""
+        if shard is None:
+            return int(self.opened.num_records)
+        return int(self.opened.shard_length("record_ends", int(shard)))
+
+    # the names these counts had first, kept for existing callers
     @property
     def total_length(self) -> int:
-        """Elements over all shards."""
+        """Elements over all shards (``num_elements()``)."""
         return int(self.opened.total_length)
 
     def length(self, shard: int) -> int:
-        """Elements in ``shard`` (0 for a shard that was never written)."""
+        """Elements in ``shard`` (``num_elements(shard)``; 0 for a shard never written)."""
         return int(self.opened.shard_length("stream", int(shard)))
-
-    def num_records(self, shard: int) -> int:
-        return int(self.opened.shard_length("record_ends", int(shard)))
 
 
 class StreamStorageReader(_StreamFacts, SyncReader):
@@ -420,6 +608,26 @@ class StreamStorageReader(_StreamFacts, SyncReader):
     def read_many(self, requests: Sequence[tuple[int, int]]) -> list[Any]:
         """Several ``(global_index, length)`` reads fetched together (coalesced)."""
         return self._run(self.opened.read_many(requests))
+
+    def read_record(self, index: int) -> Any:
+        """Record ``index``: the elements of one ``append`` call, decoded by the format.
+
+        Sample ``i`` of an SFT set (Megatron's ``IndexedDataset[i]``); negative indexes
+        count from the end. Costs the record's range once its shard's record ends are
+        cached (read whole on the shard's first touch).
+        """
+        (record,) = self._run(self.opened.read_records([index]))
+        return record
+
+    def read_records(self, indexes: Sequence[int]) -> list[Any]:
+        """Several records, their rounds shared and coalesced."""
+        return self._run(self.opened.read_records(list(indexes)))  # type: ignore[no-any-return]
+
+    def read_many_with_starts(
+        self, requests: Sequence[tuple[int, int]]
+    ) -> list[tuple[Any, np.ndarray]]:
+        """Windows, each with the window-relative starts of the records it overlaps."""
+        return self._run(self.opened.read_many_with_starts(requests))  # type: ignore[no-any-return]
 
 
 class AsyncStreamStorageReader(_StreamFacts, AsyncReader):
@@ -442,6 +650,24 @@ class AsyncStreamStorageReader(_StreamFacts, AsyncReader):
     ) -> list[Any]:
         opened = await self._opened()
         return await opened.run(opened.read_many(requests), max_concurrency=max_concurrency)
+
+    async def read_record(self, index: int, *, max_concurrency: int | None = None) -> Any:
+        (record,) = await self.read_records([index], max_concurrency=max_concurrency)
+        return record
+
+    async def read_records(
+        self, indexes: Sequence[int], *, max_concurrency: int | None = None
+    ) -> list[Any]:
+        opened = await self._opened()
+        program = opened.read_records(list(indexes))
+        return await opened.run(program, max_concurrency=max_concurrency)  # type: ignore[no-any-return]
+
+    async def read_many_with_starts(
+        self, requests: Sequence[tuple[int, int]], *, max_concurrency: int | None = None
+    ) -> list[tuple[Any, np.ndarray]]:
+        opened = await self._opened()
+        program = opened.read_many_with_starts(requests)
+        return await opened.run(program, max_concurrency=max_concurrency)  # type: ignore[no-any-return]
 
 
 StreamStorage.sync_reader_class = StreamStorageReader
