@@ -114,6 +114,7 @@ def convert(
     resume: bool = False,
     progress: bool = True,
     start_method: str | None = None,
+    mode: str | None = None,
     **options: Any,
 ) -> Summary:
     """Tokenize ``inputs`` with a training preset and write them as one dataset at ``url``.
@@ -156,6 +157,9 @@ def convert(
         Rows tokenized per tokenizer call.
     overwrite, resume, progress, start_method
         As for ``write``.
+    mode
+        ``"append"``: add the converted inputs as new shards of the dataset at ``url`` (of
+        the same preset and tokenizer), a new version; the old shards are not copied.
     **options
         Storage options (``chunk_bytes``, ``block_bytes``...).
 
@@ -211,5 +215,6 @@ def convert(
         progress=progress,
         start_method=start_method,
         description=f"convert {preset}",
+        mode=mode,
         rejects=rejects,
     )

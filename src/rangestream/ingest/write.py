@@ -202,12 +202,15 @@ def run_job(
     progress: bool,
     start_method: str | None,
     description: str,
+    mode: str | None = None,
     total_rows: int | None = None,
     rejects: str | None = None,
 ) -> Summary:
     """Run ``job``'s splits, gather rejects, commit, and say what was written."""
     started = time.perf_counter()
-    state = begin(writer_storage, fingerprint, split_count, resume=resume, overwrite=overwrite)
+    state = begin(
+        writer_storage, fingerprint, split_count, resume=resume, overwrite=overwrite, mode=mode
+    )
     session = state.session
     summary = Summary(str(reader_storage.url), splits=split_count, splits_skipped=len(state.done))
     todo = [k for k in range(split_count) if k not in state.done]
@@ -308,6 +311,7 @@ def write(
     resume: bool = False,
     progress: bool = True,
     start_method: str | None = None,
+    mode: str | None = None,
     **options: Any,
 ) -> Summary:
     """Write ``fn(x)`` for every ``x`` of ``inputs`` as one dataset of ``kind``.
@@ -343,6 +347,9 @@ def write(
         fsspec options for ``url``.
     overwrite
         Replace a dataset already committed at ``url``.
+    mode
+        ``"append"`` adds the records as new shards of the dataset at ``url`` (a new
+        version; the old shards are not copied); ``"overwrite"`` is ``overwrite=True``.
     resume
         Continue the interrupted write at ``url``: splits already written are skipped.
     progress
@@ -417,6 +424,7 @@ def write(
         progress=progress,
         start_method=start_method,
         description="write",
+        mode=mode,
         total_rows=len(items),
     )
 

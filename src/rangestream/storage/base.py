@@ -8,6 +8,7 @@ handed to DataLoader workers; every worker opens its own store, event loop and s
 from __future__ import annotations
 
 import abc
+import copy
 import json
 import os
 from collections.abc import Mapping
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from rangestream.errors import DatasetExistsError
+from rangestream.errors import DatasetExistsError, MetadataError, SchemaMismatchError
 from rangestream.io.local import LocalStore
 from rangestream.io.process import run_blocking
 from rangestream.io.retry import RetryPolicy
@@ -23,14 +24,16 @@ from rangestream.io.retrying_store import RetryingStore
 from rangestream.io.store import ObjectStore, is_local_url, open_store
 from rangestream.layout.block import ArrayLayout
 from rangestream.layout.dtypes import little_endian
-from rangestream.layout.manifest import Manifest
+from rangestream.layout.manifest import ROOT_KEY, Manifest
 from rangestream.storage.options import LayoutOptions, split_options
 from rangestream.storage.writing import (
     CommittingWriter,
     ShardEncoder,
     WriteSession,
+    appending_storage,
     new_session,
     read_committed,
+    write_mode,
 )
 
 if TYPE_CHECKING:
@@ -258,21 +261,55 @@ class Storage(abc.ABC):
         return RetryingStore(store, self.retry)
 
     # -- writing ------------------------------------------------------------------------
-    def parallel_write(self, *, overwrite: bool = False) -> WriteSession:
+    def parallel_write(self, *, overwrite: bool = False, mode: str | None = None) -> WriteSession:
         """Start a write that several processes share, each owning distinct shards.
 
         Hand the returned session to each worker; there, ``with session.sync_writer() as
         w: w.append(shard, record)``. When all workers are done, ``session.commit()``
         publishes the dataset in one atomic step.
+
+        Parameters
+        ----------
+        overwrite
+            Replace a dataset already committed at the URL (``mode="overwrite"``).
+        mode
+            ``"create"`` (the default: refuse an existing dataset), ``"overwrite"``, or
+            ``"append"``: add the written shards to the committed version as a new version.
+            Shard ``k`` of an append is stored as shard ``session.first_shard + k``; the old
+            shards are not copied, readers of the old version are unaffected, and the
+            records must have the kind, format and layout of the stored ones. Appending
+            to a URL without a dataset creates it.
         """
-        if not overwrite:
-            exists, _ = run_blocking(self._probe())
-            if exists:
-                raise DatasetExistsError(
-                    f"{self.url} already holds a committed dataset; "
-                    "pass overwrite=True to replace it"
-                )
-        return new_session(self, overwrite)
+        mode = write_mode(overwrite, mode)
+        if mode == "overwrite":
+            return new_session(self, True)
+        exists, manifest = run_blocking(self._probe())
+        if exists and mode == "create":
+            raise DatasetExistsError(
+                f"{self.url} already holds a committed dataset; pass overwrite=True to "
+                "replace it, or mode='append' to add shards to it"
+            )
+        if not exists:
+            return new_session(self, False)
+        if manifest is None:
+            raise MetadataError(
+                f"{self.url}/{ROOT_KEY} cannot be read, so there is no version to append to"
+            )
+        return new_session(self._appending(manifest), False, manifest)
+
+    def _appending(self, manifest: Manifest) -> Storage:
+        """This storage, ready to append shards to ``manifest``'s version."""
+        if manifest.kind != self.kind:
+            raise SchemaMismatchError(
+                f"{self.url} holds a {manifest.kind!r} dataset; a {self.kind!r} write "
+                "cannot append to it"
+            )
+        storage: Storage = self
+        if getattr(self, "storage_format", False) is None:  # take the recorded format
+            storage = copy.copy(self)
+            storage.storage_format = self._reading_format(manifest)  # type: ignore[attr-defined]
+        storage._check_schema(manifest)
+        return appending_storage(storage, manifest)
 
     async def _probe(self) -> tuple[bool, Manifest | None]:
         store = self._new_write_store()
@@ -281,9 +318,12 @@ class Storage(abc.ABC):
         finally:
             await store.aclose()
 
-    def sync_writer(self, *, overwrite: bool = False) -> CommittingWriter:
-        """A writer that commits the dataset when its ``with`` block exits cleanly."""
-        return CommittingWriter(self.parallel_write(overwrite=overwrite))
+    def sync_writer(self, *, overwrite: bool = False, mode: str | None = None) -> CommittingWriter:
+        """A writer that commits the dataset when its ``with`` block exits cleanly.
+
+        ``mode="append"`` adds its shards to the committed version (see ``parallel_write``).
+        """
+        return CommittingWriter(self.parallel_write(overwrite=overwrite, mode=mode))
 
     def exists(self) -> bool:
         """Whether a committed dataset is at the URL."""
