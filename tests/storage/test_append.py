@@ -226,3 +226,18 @@ def test_documents_and_temporal_records_append_too(location: Location) -> None:
     )
     assert reread.frame_counts.tolist() == [5, 9]
     np.testing.assert_array_equal(reread.read_window(1, 2, 4)["pose"], frames[1][2:6])
+
+
+def test_verify_scans_the_inherited_shards_where_they_lie(tmp_path: Path) -> None:
+    location = Location(str(tmp_path), {})
+    write(storage_at(location), {0: [np.arange(200, dtype="<i4")]})
+    old = root(location)["commit_id"]
+    write(storage_at(location), {0: [np.arange(200, 260, dtype="<i4")]}, mode="append")
+    block = tmp_path / "ds" / "data" / old / "shards" / "0" / "stream" / "c" / "0" / "0"
+    data = bytearray(block.read_bytes())
+    data[5] ^= 0xFF
+    block.write_bytes(bytes(data))
+    report = verify_dataset(location.child("ds"))
+    assert not report.ok
+    assert any(f"data/{old}/shards/0/stream/c/0/0" in str(p) for p in report.problems)
+    assert "checksum mismatch" in " ".join(str(p) for p in report.problems)
