@@ -10,6 +10,7 @@ so training can keep attention inside each document (flash-attention's varlen ke
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -249,13 +250,15 @@ class AsyncStreamWindowReader(_Windows):
 
 def with_boundaries(window: Any, starts: np.ndarray, length: int) -> Any:
     """``window`` with the ``cu_seqlens`` and ``position_ids`` of its first ``length``
-    elements, from the window-relative ``starts`` of the records it overlaps (the first
-    one at or before 0)."""
-    inside = starts[(starts > 0) & (starts < length)]
-    edges = np.concatenate([[0], inside, [length]]).astype(np.int64)
-    begins = np.concatenate([starts[:1], inside])
-    positions = np.arange(length, dtype=np.int64) - np.repeat(begins, np.diff(edges))
-    bounds = {"cu_seqlens": edges.astype(np.int32), "position_ids": positions}
+    elements, from the window-relative ``starts`` of the records it overlaps (increasing,
+    the first one at or before 0)."""
+    values = starts.tolist()
+    inside = [start for start in values if 0 < start < length]
+    edges = [0, *inside, length]
+    positions = np.empty(length, dtype=np.int64)
+    for begun, (low, high) in zip([values[0], *inside], pairwise(edges), strict=True):
+        positions[low:high] = np.arange(low - begun, high - begun)
+    bounds = {"cu_seqlens": np.asarray(edges, dtype=np.int32), "position_ids": positions}
     if isinstance(window, Mapping):
         added = {key: value for key, value in bounds.items() if key not in window}
         return {**window, **added}
@@ -263,9 +266,25 @@ def with_boundaries(window: Any, starts: np.ndarray, length: int) -> Any:
 
 
 class BoundedWindowReader(StreamWindowReader):
-    """``reader[i]``: window ``i`` with its record boundaries (``boundaries=True``)."""
+    """``reader[i]``: window ``i`` with its record boundaries (``boundaries=True``).
+
+    A local window inside one mapped block whose shards' record ends are cached is copied
+    as without boundaries; any other takes the read program.
+    """
 
     def __getitem__(self, key: int | slice) -> Any:
+        if type(key) is int:
+            count = len(self)
+            index = key + count if key < 0 else key
+            if 0 <= index < count:
+                reader = self._window
+                if reader is None or reader[0] is not self._opened.value:
+                    reader = self._window_reader()
+                starts = reader[0].cached_starts(index * self._stride, self._length)
+                if starts is not None:
+                    window = reader[1](index)
+                    if window is not None:
+                        return with_boundaries(window, starts, self.dataset.sequence_length)
         indexes, many = self._positions(key)
         results = self._bounded(indexes)
         return results if many else results[0]

@@ -12,6 +12,7 @@ import asyncio
 import bisect
 import os
 from collections.abc import Callable, Mapping, Sequence
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -109,6 +110,25 @@ def _joined(program: Program[Any], extra: list[RowRead]) -> Program[Any]:
         except StopIteration as stop:
             return stop.value
         results = yield step
+
+
+def _record_starts(plan: list[tuple[int, int, int]], found: dict[int, np.ndarray]) -> np.ndarray:
+    """Window-relative starts of the records a window's segments overlap: where the record
+    holding its first element began (``<= 0``), then every start inside it, increasing."""
+    starts: list[int] = []
+    at = 0
+    for part, low, high in plan:
+        ends = found[part]
+        first = int(ends.searchsorted(low, side="right"))
+        last = int(ends.searchsorted(high, side="left"))
+        starts.append(at if at else (int(ends[first - 1]) if first else 0) - low)
+        starts.extend(end - low + at for end in ends[first:last].tolist())
+        at += high - low
+    if not starts:
+        return np.zeros(1, np.int64)
+    # empty records repeat an end; sorted already, so only neighbours can be equal
+    unique = [starts[0], *(b for a, b in pairwise(starts) if b != a)]
+    return np.asarray(unique, dtype=np.int64)
 
 
 def _no_window(index: int) -> None:
@@ -357,22 +377,22 @@ class OpenedStream(OpenedStorage):
         windows = yield from _joined(self.read_many(requests), list(loads.values()))
         for part, read in loads.items():
             found[part] = self._checked_ends(part, read.target)
-        out = []
-        for plan, window in zip(plans, windows, strict=True):
-            starts: list[np.ndarray] = []
-            at = 0
-            for part, low, high in plan:
-                ends = found[part]
-                first = int(np.searchsorted(ends, low, side="right"))
-                last = int(np.searchsorted(ends, high, side="left"))
-                begun = int(ends[first - 1]) if first else 0
-                inside = ends[first:last] - low + at
-                starts.append(np.asarray([at if at else begun - low], dtype=np.int64))
-                starts.append(inside)
-                at += high - low
-            merged = np.unique(np.concatenate(starts)) if starts else np.zeros(1, np.int64)
-            out.append((window, merged.astype(np.int64, copy=False)))
-        return out
+        return [
+            (window, _record_starts(plan, found))
+            for plan, window in zip(plans, windows, strict=True)
+        ]
+
+    def cached_starts(self, global_index: int, length: int) -> np.ndarray | None:
+        """The record starts of a window whose shards' record ends are cached, or ``None``
+        (then ``read_many_with_starts`` reads them)."""
+        plan = self.segments(global_index, length)
+        found = {}
+        for part, _, _ in plan:
+            ends = self.record_ends.get(self.shard_ids[part])
+            if ends is None:
+                return None
+            found[part] = ends
+        return _record_starts(plan, found)
 
     def read_in_block(self, global_index: Any, length: Any) -> Any:
         """One window copied straight out of a mapped block, or ``None`` (take ``read``).
