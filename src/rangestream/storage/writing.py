@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import copy
 import datetime
 import json
 import os
@@ -42,6 +43,7 @@ from rangestream.errors import (
     InvalidShardError,
     MetadataError,
     RangestreamError,
+    SchemaMismatchError,
     StorageError,
     WriterClosedError,
 )
@@ -61,6 +63,7 @@ from rangestream.layout.manifest import (
     shard_prefix,
 )
 from rangestream.layout.zarr_json import array_document, dumps, group_document
+from rangestream.storage.options import LayoutOptions
 
 if TYPE_CHECKING:
     from rangestream.storage.base import Storage
@@ -224,7 +227,7 @@ class WriteSession:
         with library_errors(f"committing {self.storage.url}"):
             return run_blocking(self._commit())
 
-    def _appended(self, committed: Manifest | None, exists: bool) -> Manifest | None:
+    def _appended(self, committed: Manifest | None) -> Manifest | None:
         """The version this append extends, checked to be the one committed now."""
         if self.appends_to is None:
             return None
@@ -260,7 +263,7 @@ class WriteSession:
             if old_root is not None:
                 with contextlib.suppress(MetadataError):  # unreadable: replaced, not chained
                     previous = _parse_bounded_root(old_root, store.describe(ROOT_KEY))
-            base = self._appended(previous, exists)
+            base = self._appended(previous)
             if exists and not self.overwrite and base is None:
                 raise DatasetExistsError(
                     f"{storage.url} already holds a committed dataset; "
@@ -669,8 +672,6 @@ def check_appendable(storage: Storage, base: Manifest) -> None:
     Every shard of a version shares one layout per array, so the appended shards must be
     cut as the committed ones were.
     """
-    from rangestream.errors import SchemaMismatchError
-
     where = storage.url
     if base.kind != storage.kind:
         raise SchemaMismatchError(
@@ -694,19 +695,12 @@ def check_appendable(storage: Storage, base: Manifest) -> None:
 def appending_storage(storage: Storage, base: Manifest) -> Storage:
     """``storage``, with layout options that cut arrays as ``base`` stores them if its own
     do not (the first write chose other sizes): appended shards must match."""
-    import copy
-
-    from rangestream.storage.options import LayoutOptions
-
-    try:
-        if storage._array_layouts() == base.arrays:
-            return storage
-    except Exception:  # kinds whose layouts come from the first record (temporal)
+    if storage._array_layouts() == base.arrays:
         return storage
     for layout in base.arrays.values():
         chunk = layout.chunk_nbytes
         block = layout.chunks_per_block * (chunk + 20) + 4  # for_sizes, inverted
-        candidate = copy.copy(storage)
+        candidate = copy.copy(storage)  # temporal layouts, bound by records, never match
         candidate.layout_options = LayoutOptions(chunk, max(block, chunk), layout.dense_chunks)
         if candidate._array_layouts() == base.arrays:
             return candidate
