@@ -755,3 +755,16 @@ def test_read_record_returns_a_records_elements_and_exactly_its_payloads(
             assert got["document_data"] == runs
             shard = 0 if i % len(in_order) < 3 else 2
             assert got["document_shard"].tolist() == [shard] * len(runs)
+
+
+def test_windows_with_boundaries_carry_their_payloads_too(tmp_path: Path) -> None:
+    storage = StreamWithMetaStorage(tmp_path / "meta", RunFormat())
+    with storage.sync_writer() as writer:
+        writer.append(0, {"tokens": [1, 2, 3], "keys": [0, 0, 1], "payloads": [b"a", None, b"b"]})
+        writer.append(0, {"tokens": [4, 5], "keys": [2, 2], "payloads": [b"c", None]})
+    with StreamDataset(storage, 4, stride=1, boundaries=True).sync_reader() as reader:
+        window = reader[1]  # elements 1..4: the end of record 0, then record 1
+    assert window["tokens"].tolist() == [2, 3, 4, 5]
+    assert window["document_data"] == [b"a", b"b", b"c"]
+    assert window["cu_seqlens"].tolist() == [0, 2, 4]
+    assert window["position_ids"].tolist() == [1, 2, 0, 1]
