@@ -661,3 +661,31 @@ def test_counts_have_one_name_per_item_per_shard_and_in_all(tmp_path: Path) -> N
         assert reader.num_elements() == sum(lengths.values()) == reader.total_length
         assert reader.num_records() == 6
         assert [reader.length(s) for s in range(5)] == [lengths[s] for s in range(5)]
+
+
+def rounds_of(opened: Any, program: Any) -> tuple[int, Any]:
+    """Run a read program step by step on the remote executor: its rounds and result."""
+    rounds, step = 0, next(program)
+    while True:
+        rounds += 1
+        try:
+            step = program.send(opened.remote.execute_sync(step))
+        except StopIteration as stop:
+            return rounds, stop.value
+
+
+def test_record_starts_join_the_windows_round_and_a_record_needs_two_only_when_cold(
+    tmp_path: Path,
+) -> None:
+    records = make_records(6, shards=2, records=4, max_len=30)
+    write(StreamStorage(tmp_path / "ds", StreamNumpyFormat(TOKENS), **SMALL), records, [])
+    with StreamStorage(tmp_path / "ds").sync_reader() as reader:
+        opened = reader.opened
+        total = reader.total_length
+        rounds, windows = rounds_of(opened, opened.read_many_with_starts([(0, total)]))
+        assert rounds == 1  # both shards' record ends came with the stream ranges
+        sizes = [len(r["tokens"]) for s in sorted(records) for r in records[s]]
+        assert windows[0][1].tolist() == np.cumsum([0, *sizes[:-1]]).tolist()
+        assert rounds_of(opened, opened.read_records([5]))[0] == 1  # ends cached by now
+    with StreamStorage(tmp_path / "ds").sync_reader() as reader:
+        assert rounds_of(reader.opened, reader.opened.read_records([5]))[0] == 2
