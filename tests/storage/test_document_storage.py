@@ -452,6 +452,9 @@ def test_unknown_or_malformed_keys_are_refused_before_reading(tmp_path: Path) ->
             reader.read(0, keys=["a", "zz"])
         with pytest.raises(TypeError, match="list of field names"):
             reader.read(0, keys="a")
+        assert reader.read_many([0, -1], keys=[]) == [{}, {}]  # no keys: nothing read
+        with pytest.raises(IndexError):
+            reader.read(1, keys=[])
         assert reader.stats - before == IOStats()
 
 

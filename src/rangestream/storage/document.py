@@ -204,9 +204,13 @@ class OpenedDocuments(OpenedStorage):
         record of at most ``whole_record_bytes``, or a selection of every key, is read
         whole in the first of them instead (one request beats two). Other formats read
         whole records: ``unpack_keys`` if they have it, else ``unpack`` and a selection
-        of the mapping it returns.
+        of the mapping it returns. No keys read nothing: ``{}`` per record.
         """
         keys = _checked_keys(keys, self.format)
+        if not keys:
+            for index in indexes:
+                self.locate(index)  # out-of-range indexes fail as they would with keys
+            return [{} for _ in indexes]
         storage_format: Any = self.format
         header_nbytes = getattr(storage_format, "header_nbytes", None)
         partial = (
