@@ -9,9 +9,11 @@ reads as "how close to the limit", not as raw speed.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import statistics
+import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -783,8 +785,17 @@ def write(results_path: Path, md_path: Path | None = None, png_path: Path | None
         f"{mach['cpu']}, {mach['cores']} cores; S3 = SeaweedFS + {cfg['latency_ms']:g} ms/request"
         f"{' [quick]' if cfg['quick'] else ''} — {mach['date']}"
     )
+    drawn = False
     if results:  # a run of the shuffle-quality section alone has no windows/s to plot
-        plot(results, png_path, title, replays)
+        if importlib.util.find_spec("matplotlib") is None:
+            print(
+                "warning: matplotlib is not installed (`python -m benchmarks setup` installs "
+                f"it); {md_path} is written without the figure",
+                file=sys.stderr,
+            )
+        else:
+            plot(results, png_path, title, replays)
+            drawn = True
 
     lines: list[str] = [
         "# Benchmarks",
@@ -795,7 +806,7 @@ def write(results_path: Path, md_path: Path | None = None, png_path: Path | None
         "",
         f"Date: {mach['date']}; the run took {data['elapsed_s'] / 60:.1f} min.",
         "",
-        *([f"![windows/s against concurrency]({png_path.name})", ""] if results else []),
+        *([f"![windows/s against concurrency]({png_path.name})", ""] if drawn else []),
         "## Machine",
         "",
         "| | |",
