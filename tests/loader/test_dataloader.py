@@ -869,7 +869,8 @@ import sys
 import numpy as np
 from rangestream import StatefulDataLoader, StreamNumpyFormat, StreamStorage
 from rangestream.io.process import io_loop_started
-storage = StreamStorage(sys.argv[1], StreamNumpyFormat(np.dtype([("tokens", "<i4"), ("loss_mask", "u1")])))
+dtype = np.dtype([("tokens", "<i4"), ("loss_mask", "u1")])
+storage = StreamStorage(sys.argv[1], StreamNumpyFormat(dtype))
 loader = StatefulDataLoader.from_storage(storage, sequence_length=10, batch_size=3,
                                          num_workers=int(sys.argv[2]))
 batches = sum(1 for _ in loader)
