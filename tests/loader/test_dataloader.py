@@ -246,7 +246,7 @@ def test_a_run_stopped_inside_a_worker_run_resumes_exactly(
 
 def test_a_batch_missing_at_the_end_of_the_epoch_is_an_error_not_a_silent_skip() -> None:
     loader = make_loader(16, shuffle=False)
-    loader._start_workers = lambda start: iter([(0, "a"), (2, "c")])  # type: ignore[method-assign]
+    loader._start_workers = lambda start: iter([(0, "a", None), (2, "c", None)])  # type: ignore[method-assign]
     iterator = iter(loader)
     assert next(iterator) == "a"
     with pytest.raises(StateError, match="without step 1"):

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import multiprocessing
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torchdata.stateful_dataloader
 
 from rangestream.errors import LoaderConfigError, StateError
 from rangestream.loader.iterable import BatchIterableDataset
+from rangestream.loader.mixed import mixed_source
 from rangestream.loader.options import BatchOptions, Collate
 from rangestream.loader.position import LoaderPosition
 from rangestream.loader.sources import SampleSource
@@ -132,6 +133,8 @@ class StatefulDataLoader(torchdata.stateful_dataloader.StatefulDataLoader):
         dataset.workers_per_rank = max(1, self.num_workers)
         self.head_start = bool(head_start)
         self._generation = 0
+        self._order_version = 0
+        self._io_by_source: list[list[int]] = []
 
     dataset: BatchIterableDataset
 
@@ -245,6 +248,93 @@ class StatefulDataLoader(torchdata.stateful_dataloader.StatefulDataLoader):
         )
 
     @classmethod
+    def from_storages(
+        cls,
+        weights: Mapping[Any, float],
+        collate_fn: Collate | None = None,
+        *,
+        sequence_length: int | None = None,
+        names: Mapping[Any, str] | None = None,
+        per_source: Mapping[Any, Mapping[str, Any]] | None = None,
+        num_samples: int | None = None,
+        batch_size: int = 8,
+        rank: int | None = None,
+        world_size: int | None = None,
+        num_workers: int = 2,
+        shuffle: bool = True,
+        shuffle_seed: int = 0,
+        drop_last: bool = True,
+        prefetch: int | None = None,
+        pin_memory: bool = False,
+        stride: int | None = None,
+        next_token: bool = False,
+        fields: Sequence[str] | None = None,
+        samples_per_epoch: int | None = None,
+        **kwargs: Any,
+    ) -> StatefulDataLoader:
+        """Build a loader over a weighted mixture of storages: ``{storage: weight, ...}``.
+
+        The epoch is one global order over the sources (``docs/design.md``, "Mixing: exact
+        proportions by random access"): in every prefix of it, over all ranks, each source's
+        count is within the mixture's bound (1 for up to four sources) of ``weight * n``;
+        each source is shuffled on its own, a source smaller than its share is repeated
+        (each pass freshly shuffled), a larger one is down-sampled (a different subset each
+        epoch). State, resume (exact, elastic over workers, world size and batch size) and
+        batches are as for one storage; :meth:`set_weights` changes the weights from the
+        current position on and :meth:`source_stats` reports what each source contributed.
+
+        Parameters
+        ----------
+        weights : mapping of storage to float
+            The sources and their relative weights. Their samples must batch together:
+            windows of one length (stream storages), documents, or temporal windows.
+        collate_fn : callable, optional
+            As for :meth:`from_storage`.
+        sequence_length, stride, next_token, fields, samples_per_epoch
+            Every source's options, as for :meth:`from_storage`; ``per_source`` overrides
+            them for one source (e.g. ``{code: {"stride": 1024}}``).
+        names : mapping of storage to str, optional
+            Each source's name: reported in :meth:`source_stats`, checked on resume, and
+            the seed of its shuffle (so adding a source leaves the others' orders as they
+            were). Defaults to the storage's URL; give names when URLs change between runs.
+        per_source : mapping of storage to mapping, optional
+            Options of one source that differ from the shared ones.
+        num_samples : int, optional
+            Positions per epoch; by default the most for which no source repeats.
+        shuffle : bool, default True
+            Shuffle each source (a per-sample shuffle; a fresh one per pass) or read each in
+            storage order.
+        batch_size, rank, world_size, num_workers, shuffle_seed, drop_last, prefetch
+            As for :meth:`from_storage`; so are ``pin_memory`` and ``**kwargs``.
+        """
+        source = mixed_source(
+            weights,
+            SourceOptions(
+                sequence_length=sequence_length,
+                stride=stride,
+                next_token=next_token,
+                fields=fields,
+                samples_per_epoch=samples_per_epoch,
+            ),
+            names=names,
+            per_source=per_source,
+            num_samples=num_samples,
+            seed=shuffle_seed,
+            shuffle=shuffle,
+        )
+        options = BatchOptions(
+            batch_size=batch_size,
+            rank=rank,
+            world_size=world_size,
+            drop_last=drop_last,
+            prefetch=prefetch,
+            collate_fn=collate_fn,
+        )
+        return cls.from_source(
+            source, options, num_workers=num_workers, pin_memory=pin_memory, **kwargs
+        )
+
+    @classmethod
     def from_source(
         cls, source: SampleSource, options: BatchOptions | None = None, **kwargs: Any
     ) -> StatefulDataLoader:
@@ -290,6 +380,58 @@ class StatefulDataLoader(torchdata.stateful_dataloader.StatefulDataLoader):
 
     def _end_epoch(self) -> None:
         self.dataset.seek(self.dataset.position.next_epoch())
+
+    def _count_io(self, io: list[tuple[int, int]] | None) -> None:
+        if not io:
+            return
+        totals = self._io_by_source
+        if not totals:
+            totals.extend([0, 0] for _ in io)
+        for total, (requests, nbytes) in zip(totals, io, strict=True):
+            total[0] += requests
+            total[1] += nbytes
+
+    def source_stats(self) -> dict[str, dict[str, int]]:
+        """What each source contributed: samples, requests and bytes.
+
+        ``samples``: of the current epoch's consumed positions, over all ranks together
+        (computed from the order: exact, whatever was read ahead). ``requests`` and
+        ``bytes``: what this rank's readers (workers, and this process for a head start)
+        have read from each source since this loader was made, opens included, read ahead
+        included. A single source is reported under the name ``"source"``.
+        """
+        source = self.dataset.source
+        position = self.dataset.position
+        counts = getattr(source, "source_counts", None)
+        if counts is None:
+            samples = {"source": position.consumed_samples}
+        else:
+            samples = counts(position.epoch, 0, position.consumed_samples)
+        io = self._io_by_source or [[0, 0] for _ in samples]
+        return {
+            name: {"samples": count, "requests": requests, "bytes": nbytes}
+            for (name, count), (requests, nbytes) in zip(samples.items(), io, strict=True)
+        }
+
+    def set_weights(self, weights: dict[str, float]) -> None:
+        """New mixture weights from the loader's current position on (a curriculum).
+
+        Positions already handed out keep their order; from :attr:`consumed_samples` of the
+        current epoch on, the sources interleave by ``weights``, exactly (every prefix from
+        here within the mixture's bound of each share), each source continuing its own
+        draws; later epochs keep these weights. A ``for`` loop in progress continues at its
+        next batch under the new weights (its workers restart from the position; batches
+        they had read ahead are dropped). The weights and where they changed are part of
+        :meth:`state_dict`, so a resumed run replays the same curriculum.
+        """
+        source = self.dataset.source
+        set_weights = getattr(source, "set_weights", None)
+        if set_weights is None:
+            raise LoaderConfigError(f"{source!r} is not a mixture; it has no weights to set")
+        position = self.dataset.position
+        set_weights(weights, epoch=position.epoch, position=position.consumed_samples)
+        self._order_version += 1
+        self._iterator = None  # workers (persistent ones too) hold the old order
 
     def _advance(self) -> None:
         dataset = self.dataset
@@ -339,6 +481,7 @@ class StatefulDataLoader(torchdata.stateful_dataloader.StatefulDataLoader):
             "version": STATE_VERSION,
             **dataset.position.state_dict(),
             **dataset.state_identity(),
+            **dataset.order_state(),
             "batch_size": options.batch_size,
             "world_size": options.world_size,
             "rank": options.rank,
@@ -358,6 +501,7 @@ class StatefulDataLoader(torchdata.stateful_dataloader.StatefulDataLoader):
             )
         self.dataset.adopt_identity(state_dict)
         position = LoaderPosition.from_state_dict(state_dict)
+        self.dataset.load_order_state(state_dict, position)
         if self.dataset.block_shuffled and position.phases is None and position.consumed_samples:
             raise StateError(
                 "the state has no phases but this loader is block-shuffled: it was saved "

@@ -134,10 +134,13 @@ class BatchIterableDataset(IterableDataset[Any]):
         self._tagged = False
         self._shared: _SharedPosition | None = None
         self._kept_reader: Any = None
+        self._kept_context: Any = None
         #: DataLoader workers per rank, as the loader that owns this dataset starts them:
         #: the block shuffle sizes its buffers by the readers of an epoch.
         self.workers_per_rank = 1
         self._iteration_start: LoaderPosition | None = None
+        self._io_reader: Any = None
+        self._io_seen: list[tuple[int, int]] = []
 
     def __repr__(self) -> str:
         return f"BatchIterableDataset({self.source!r}, {self.options!r})"
@@ -145,6 +148,9 @@ class BatchIterableDataset(IterableDataset[Any]):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_kept_reader"] = None  # readers are per process
+        state["_kept_context"] = None
+        state["_io_reader"] = None
+        state["_io_seen"] = []
         return state
 
     # -- settings ------------------------------------------------------------------------
@@ -178,8 +184,31 @@ class BatchIterableDataset(IterableDataset[Any]):
         self._tagged = bool(enabled)
 
     def emit(self, step: int, batch: Any) -> Any:
-        """What the worker hands the DataLoader: the batch, tagged with its step if asked."""
-        return (step, batch) if self._tagged else batch
+        """What the worker hands the DataLoader: the batch, or, tagged, ``(step, batch,
+        io)`` where ``io`` lists the requests and bytes each source's reader made since the
+        worker's previous batch (the loader sums them per source)."""
+        if not self._tagged:
+            return batch
+        return step, batch, self._io_delta()
+
+    def note_reader(self, reader: Any) -> None:
+        """The reader this process reads with now (its counters feed :meth:`emit`)."""
+        if reader is not self._io_reader:
+            self._io_reader = reader
+            self._io_seen = []
+
+    def _io_delta(self) -> list[tuple[int, int]] | None:
+        reader = self._io_reader
+        if reader is None:
+            return None
+        readers = getattr(reader, "readers", None) or [reader]
+        now = []
+        for one in readers:
+            stats = getattr(one, "stats", None)
+            now.append((0, 0) if stats is None else (stats.requests, stats.bytes))
+        seen = self._io_seen or [(0, 0)] * len(now)
+        self._io_seen = now
+        return [(r - r0, b - b0) for (r, b), (r0, b0) in zip(now, seen, strict=True)]
 
     def state_identity(self) -> dict[str, Any]:
         """Settings that define the epoch's order (the source's identity, seed included).
@@ -291,6 +320,7 @@ class BatchIterableDataset(IterableDataset[Any]):
         options = self.options
         return {
             **self.state_identity(),
+            **self.order_state(),
             **self.position.state_dict(),
             "batch_size": options.batch_size,
             "world_size": options.world_size,
@@ -313,6 +343,7 @@ class BatchIterableDataset(IterableDataset[Any]):
             saved_global_batch = int(state["batch_size"]) * int(state["world_size"])
         except (KeyError, TypeError, ValueError) as error:
             raise StateError(f"malformed {type(self).__name__} state {state!r}: {error}") from error
+        self.load_order_state(state, position)
         if num_workers == 1:
             # One process built every step, so its count is global progress.
             if position.phases is not None:
@@ -339,6 +370,23 @@ class BatchIterableDataset(IterableDataset[Any]):
                 )
         self.seek(position)
         self._resume = (worker_id, num_workers, worker_batches)
+
+    def order_state(self) -> dict[str, Any]:
+        """The order's own state beside its identity (a mixture's weights and curriculum
+        phases), under ``"mixture"``; empty for sources without one."""
+        order_state = getattr(self.source, "order_state", None)
+        return {} if order_state is None else {"mixture": order_state()}
+
+    def load_order_state(self, state: dict[str, Any], position: LoaderPosition) -> None:
+        """Continue the order state of a saved run at ``position`` (see
+        :meth:`order_state`)."""
+        load = getattr(self.source, "load_order_state", None)
+        if load is None:
+            return
+        saved = state.get("mixture")
+        if not isinstance(saved, dict):
+            raise StateError(f"the state has no mixture state ('mixture': {saved!r})")
+        load(saved, epoch=position.epoch, position=position.consumed_samples)
 
     def adopt_identity(self, state: dict[str, Any]) -> None:
         """Check that ``state`` was saved under this order; adopt the block shuffle's
@@ -401,11 +449,13 @@ class BatchIterableDataset(IterableDataset[Any]):
         context = self.source.open_sync()
         if context is None or get_worker_info() is None:
             return context
+        self._kept_context = context  # the context too: collecting it would close the reader
         self._kept_reader = context.__enter__()  # closed when the worker exits
         return _Kept(self._kept_reader)
 
     def _generate_sync(self, context: Any, start: Start) -> Iterator[Any]:
         with context as reader:
+            self.note_reader(reader)
             if self.block_shuffled:
                 yield from generate_block_sync(self, reader, start)
             else:
@@ -414,16 +464,19 @@ class BatchIterableDataset(IterableDataset[Any]):
     async def async_reader(self, tasks: IterationTasks) -> Any:
         """The source's async reader, entered on the I/O loop: for this iteration in the
         main process, kept for the next epochs in a worker."""
-        if self._kept_reader is not None:
-            return self._kept_reader
-        context = self.source.open_async()
-        if get_worker_info() is None:
-            return await tasks.enter(context)
-        self._kept_reader = await context.__aenter__()
+        if self._kept_reader is None:
+            context = self.source.open_async()
+            if get_worker_info() is None:
+                reader = await tasks.enter(context)
+                self.note_reader(reader)
+                return reader
+            self._kept_context = context  # the context too: collecting it would close the reader
+            self._kept_reader = await context.__aenter__()
+        self.note_reader(self._kept_reader)
         return self._kept_reader
 
-    def head_stretch(self, position: LoaderPosition) -> Iterator[tuple[int, Any]] | None:
-        """The first stretch of the remaining epoch read here: ``(step, batch)`` pairs.
+    def head_stretch(self, position: LoaderPosition) -> Iterator[Any] | None:
+        """The first stretch of the remaining epoch read here, as :meth:`emit` tags it.
 
         For a loader whose workers take tens of milliseconds to start: on local disk the
         calling process reads the first batch itself (the plan's lead-in step), and the

@@ -170,11 +170,15 @@ def generate_sync(dataset: BatchIterableDataset, reader: Any, start: Start) -> I
 
 def head_stretch(
     dataset: BatchIterableDataset, context: contextlib.AbstractContextManager[Any], start: Start
-) -> Iterator[tuple[int, Any]]:
-    """The lead-in batch, then the first whole stretch, read in this process."""
+) -> Iterator[Any]:
+    """The lead-in batch, then the first whole stretch, read in this process (as
+    :meth:`BatchIterableDataset.emit` hands them out)."""
     with context as reader:
+        dataset.note_reader(reader)
         for first_step, batches in itertools.islice(stretches(dataset, reader, start), 2):
-            yield from read_batches_sync(dataset, reader, first_step, batches[:HEAD_STRETCH_STEPS])
+            head = batches[:HEAD_STRETCH_STEPS]
+            for step, batch in read_batches_sync(dataset, reader, first_step, head):
+                yield dataset.emit(step, batch)
 
 
 class _ReadAhead:

@@ -34,11 +34,12 @@ class StepIterator(Iterator[Any]):
         self._generation = generation
         self._start: LoaderPosition = loader.dataset.position
         self._inner: Iterator[Any] | None = None
-        self._head: Iterator[tuple[int, Any]] | None = None
+        self._head: Iterator[tuple[int, Any, Any]] | None = None
         self._step_offset = 0
         self._finished = False
         self._next_step = 0
         self._early: dict[int, Any] = {}
+        self._order_version = loader._order_version
         if loader._head_start():
             self._head = loader.dataset.head_stretch(self._start)
 
@@ -58,17 +59,20 @@ class StepIterator(Iterator[Any]):
                 "load_state_dict() on its StatefulDataLoader; continuing it would lose the "
                 "position"
             )
+        if self._order_version != loader._order_version:
+            self._restart()
         batch = self._early.pop(self._next_step, _MISSING)
         if batch is _MISSING and self._head is not None and self._next_step == 0:
-            step, batch = next(self._head, (0, _MISSING))
+            step, batch, io = next(self._head, (0, _MISSING, None))
             assert step == 0, f"the head stretch started at step {step}"
+            loader._count_io(io)
         while batch is _MISSING:
             workers = self._workers()
             batch = self._early.pop(self._next_step, _MISSING)  # the head stretch's rest
             if batch is not _MISSING:
                 break
             try:
-                step, received = next(workers)
+                step, received, io = next(workers)
             except StopIteration:
                 self._finished = True
                 if self._early:
@@ -78,6 +82,7 @@ class StepIterator(Iterator[Any]):
                     ) from None
                 loader._end_epoch()
                 raise
+            loader._count_io(io)
             step += self._step_offset
             if step == self._next_step:
                 batch = received
@@ -87,13 +92,27 @@ class StepIterator(Iterator[Any]):
         loader._advance()
         return batch
 
+    def _restart(self) -> None:
+        """The order changed (new mixture weights): drop what was read ahead under the old
+        order and continue from the loader's position with fresh workers."""
+        self._order_version = self._loader._order_version
+        self._inner = None
+        self._head = None
+        self._early.clear()
+        self._start = self._loader.dataset.position
+        self._next_step = 0
+        self._step_offset = 0
+        self._loader._iterator = None  # workers hold the old order: start new ones
+
     def _workers(self) -> Iterator[Any]:
         """The DataLoader's own iterator, started (workers and all) on first use."""
         if self._inner is None:
             start = self._start
             if self._head is not None:
                 # the rest of the head stretch, then its reader closes: nothing is open at fork
-                self._early.update(self._head)
+                for step, batch, io in self._head:
+                    self._early[step] = batch
+                    self._loader._count_io(io)
                 self._head = None
                 self._step_offset = self._next_step + len(self._early)
                 start = start.advanced(self._loader.dataset.options.global_batch_size,
