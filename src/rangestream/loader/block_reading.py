@@ -17,7 +17,7 @@ import concurrent.futures
 import contextlib
 import os
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -79,12 +79,17 @@ def _needed(read: RunRead, samples: list[Any]) -> dict[int, Any]:
 
 
 def assemble(
-    plan: WorkerPlan, feed: _Feed, arrived: Iterator[tuple[RunRead, list[Any]]], skip: int
+    plan: WorkerPlan,
+    feed: _Feed,
+    arrived: Iterator[tuple[RunRead, list[Any]]],
+    skip: int,
+    first: Callable[[], dict[int, Any]] | None = None,
 ) -> Iterator[tuple[int, list[Any]]]:
     """``(step, samples)`` of the worker's steps in order, each as soon as its reads arrived.
 
     ``arrived`` yields every read's samples in the feed's read order; the first ``skip``
-    steps are dropped (built before a per-worker resume).
+    steps are dropped (built before a per-worker resume). ``first`` returns windows read
+    apart for the first group (the first step's), used before any run read arrives.
     """
     size = plan.batch_size
     pending: dict[int, list[Any]] = {}
@@ -93,6 +98,8 @@ def assemble(
     next_step = next(order, None)
     while (group := feed.next_group()) is not None:
         have: dict[int, Any] = {}
+        if first is not None:
+            have, first = first(), None
         for step, slot, window in zip(
             group.steps.tolist(), group.slots.tolist(), group.windows.tolist(), strict=True
         ):
@@ -150,11 +157,46 @@ class BlockIterator(Iterator[Any]):
         self._in_flight = 0
         self._feed: _Feed | None = None
         self._batches: Iterator[tuple[int, list[Any]]] | None = None
+        self._first: Callable[[], dict[int, Any]] | None = None
         self._started: concurrent.futures.Future[Any] | None = self.tasks.submit(self._open())
 
-    async def _open(self) -> Any:
+    async def _open(self) -> WorkerPlan:
+        """Open, plan, and send the first step's reads: in a DataLoader worker this runs
+        while the worker answers the loader's start-up handshake."""
         self._reader = await self._dataset.async_reader(self.tasks)
-        return block_plan(self._dataset, self._reader, self._start)
+        plan = block_plan(self._dataset, self._reader, self._start)
+        self._feed = _Feed(plan)
+        if not self._start.done:
+            self._first = self._read_first_step()
+        return plan
+
+    def _read_first_step(self) -> Callable[[], dict[int, Any]] | None:
+        """Read the first step's windows one by one, ahead of the runs that hold them.
+
+        The first step takes windows of up to ``K`` runs of its buffer: waiting for those
+        runs (``K`` x 4 MiB) delays the first batch a training loop waits for, while its
+        few windows, read alone and at once, cost one round trip and a request each. The
+        runs start loading once they arrived: read beside them, the windows waited for
+        the runs' bytes (``docs/design.md``).
+        """
+        feed = self._feed
+        assert feed is not None
+        if not feed.groups and not feed.pull():
+            return None
+        group = feed.groups[0]
+        if len(group.reads) < 2:
+            return None  # one run holds it: reading it is as fast
+        windows = np.unique(group.windows[group.steps == group.steps[0]])
+        reader, source = self._reader, self._dataset.source
+        requests = list(source.requests(reader, windows, self._start.epoch))
+        future = self.tasks.submit(source.read_many(reader, requests))
+
+        def arrived() -> dict[int, Any]:
+            samples = future.result()
+            self._fill()
+            return dict(zip(windows.tolist(), samples, strict=True))
+
+        return arrived
 
     def _fill(self) -> None:
         feed = self._feed
@@ -190,8 +232,12 @@ class BlockIterator(Iterator[Any]):
             if self._started is not None:
                 plan = self._started.result()
                 self._started = None
-                self._feed = _Feed(plan)
-                self._batches = assemble(plan, self._feed, self._arrived(), self._start.done)
+                assert self._feed is not None
+                if self._first is None:
+                    self._fill()
+                self._batches = assemble(
+                    plan, self._feed, self._arrived(), self._start.done, self._first
+                )
             assert self._batches is not None
             found = next(self._batches, None)
             if found is not None:

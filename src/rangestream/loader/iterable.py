@@ -133,8 +133,10 @@ class BatchIterableDataset(IterableDataset[Any]):
         self._known_num_samples: int | None = None
         self._tagged = False
         self._shared: _SharedPosition | None = None
-        self._kept_reader: Any = None
-        self._kept_context: Any = None
+        #: Readers a worker keeps across epochs (with their contexts: collecting a context
+        #: would close its reader): the sync one for local sources, the async one else.
+        self._kept_sync: tuple[Any, Any] | None = None
+        self._kept_async: tuple[Any, Any] | None = None
         #: DataLoader workers per rank, as the loader that owns this dataset starts them:
         #: the block shuffle sizes its buffers by the readers of an epoch.
         self.workers_per_rank = 1
@@ -147,8 +149,7 @@ class BatchIterableDataset(IterableDataset[Any]):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_kept_reader"] = None  # readers are per process
-        state["_kept_context"] = None
+        state["_kept_sync"] = state["_kept_async"] = None  # readers are per process
         state["_io_reader"] = None
         state["_io_seen"] = []
         return state
@@ -444,14 +445,13 @@ class BatchIterableDataset(IterableDataset[Any]):
     def _sync_context(self) -> Any:
         """The sync reader's context for local sources (kept open in a worker, so a
         persistent worker's next epoch opens nothing); ``None`` for remote sources."""
-        if self._kept_reader is not None:
-            return _Kept(self._kept_reader)
+        if self._kept_sync is not None:
+            return _Kept(self._kept_sync[1])
         context = self.source.open_sync()
         if context is None or get_worker_info() is None:
             return context
-        self._kept_context = context  # the context too: collecting it would close the reader
-        self._kept_reader = context.__enter__()  # closed when the worker exits
-        return _Kept(self._kept_reader)
+        self._kept_sync = (context, context.__enter__())  # closed when the worker exits
+        return _Kept(self._kept_sync[1])
 
     def _generate_sync(self, context: Any, start: Start) -> Iterator[Any]:
         with context as reader:
@@ -464,16 +464,15 @@ class BatchIterableDataset(IterableDataset[Any]):
     async def async_reader(self, tasks: IterationTasks) -> Any:
         """The source's async reader, entered on the I/O loop: for this iteration in the
         main process, kept for the next epochs in a worker."""
-        if self._kept_reader is None:
+        if self._kept_async is None:
             context = self.source.open_async()
             if get_worker_info() is None:
                 reader = await tasks.enter(context)
                 self.note_reader(reader)
                 return reader
-            self._kept_context = context  # the context too: collecting it would close the reader
-            self._kept_reader = await context.__aenter__()
-        self.note_reader(self._kept_reader)
-        return self._kept_reader
+            self._kept_async = (context, await context.__aenter__())
+        self.note_reader(self._kept_async[1])
+        return self._kept_async[1]
 
     def head_stretch(self, position: LoaderPosition) -> Iterator[Any] | None:
         """The first stretch of the remaining epoch read here, as :meth:`emit` tags it.
