@@ -915,3 +915,56 @@ def test_what_workers_import_is_imported_before_they_fork_and_only_then(
         capture_output=True, text=True, timeout=120, check=True,
     )  # fmt: skip
     assert result.stdout.split() == [str(imported), str(imported)]
+
+
+# -- persistent workers ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shuffle", ["window", "block"])
+def test_persistent_workers_play_every_epoch_and_a_new_epoch_opens_nothing(
+    location: Location, shuffle: str
+) -> None:
+    write_token_stream(location.url, location.storage_options, [400, 240])  # 80 windows
+    storage = StreamStorage(location.url, StreamNumpyFormat(TOKENS),
+                            storage_options=location.storage_options)  # fmt: skip
+    loader = StatefulDataLoader.from_storage(
+        storage, collate_with_io, sequence_length=8, batch_size=4, num_workers=2,
+        shuffle=shuffle, shuffle_seed=SEED, persistent_workers=True, rank=0, world_size=1,
+    )  # fmt: skip
+    opens: list[dict[int, int]] = []
+    epochs = []
+    for _ in range(3):
+        starts, by_worker = [], {}
+        for batch, pid, stats in loader:
+            starts.extend((batch["tokens"][:, 0] // 8).tolist())
+            by_worker[pid] = stats.by_key_kind.get("zarr.json", 0)
+        epochs.append(starts)
+        opens.append(by_worker)
+    assert all(sorted(starts) == list(range(80)) for starts in epochs)
+    assert epochs[0] != epochs[1] != epochs[2]  # a new order each epoch
+    if shuffle == "window":
+        assert epochs == [epoch_order(80, SEED, epoch) for epoch in range(3)]
+    # the same two workers all along, each opened the dataset once
+    assert opens[0] == opens[1] == opens[2] and set(opens[0].values()) == {1}
+    assert len(opens[0]) == 2 and os.getpid() not in opens[0]
+
+
+def test_persistent_workers_resume_mid_epoch_from_a_state(tmp_path: Path) -> None:
+    url = str(tmp_path / "tokens")
+    write_token_stream(url, {}, [400, 240])
+    storage = StreamStorage(url, StreamNumpyFormat(TOKENS))
+
+    def loader() -> StatefulDataLoader:
+        return StatefulDataLoader.from_storage(
+            storage, sequence_length=8, batch_size=4, num_workers=2, shuffle_seed=SEED,
+            persistent_workers=True, rank=0, world_size=1,
+        )  # fmt: skip
+
+    first = loader()
+    iterator = iter(first)
+    seen = [(batch["tokens"][:, 0] // 8).tolist() for batch in (next(iterator) for _ in range(5))]
+    resumed = loader()
+    list(resumed)  # its workers start and finish an epoch first
+    resumed.load_state_dict(first.state_dict())
+    rest = [(batch["tokens"][:, 0] // 8).tolist() for batch in resumed]
+    assert flatten(seen + rest) == epoch_order(80, SEED, 0)

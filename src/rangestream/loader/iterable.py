@@ -218,7 +218,9 @@ class BatchIterableDataset(IterableDataset[Any]):
         another shuffle or window length would skip the wrong samples, so loading such a
         state fails instead.
         """
-        if self.block_shuffled:
+        if self.block_shuffled and get_worker_info() is None:
+            # chosen here from the count; a worker chooses them from its reader when it
+            # plans (counting here would open the dataset a second time in the worker)
             readers = self.options.world_size * self.workers_per_rank  # type: ignore[operator]
             self.source.block_shuffle(self.num_samples(), readers)  # type: ignore[attr-defined]
         return self.source.identity()
