@@ -249,13 +249,15 @@ def test_from_storages_reads_every_window_of_two_storages_once_with_exact_stats(
         OFFSET + 8 * i for i in range(18)
     ]
     assert stats["web"]["samples"] == 28 and stats["code"]["samples"] == 12  # 0.7 / 0.3 of 40
-    # requests: the open, then per batch one coalesced read per source (the window
-    # arithmetic of the shuffle module, independent of the reader)
+    # requests: the open, then one coalesced read per source for each stretch: the lead-in
+    # batch alone, then stretches of 8 batches (the default prefetch of 64 holds two
+    # stretches of 32 samples), by the window arithmetic of the shuffle module
+    stretches = [batches[:1]] + [batches[i : i + 8] for i in range(1, len(batches), 8)]
     geometry_requests = {"web": 1, "code": 1}
-    for batch in batches:
+    for stretch in stretches:
+        starts = np.concatenate([batch["tokens"][:, 0].numpy() for batch in stretch])
         for name, first in (("web", 0), ("code", OFFSET)):
-            mine = batch["tokens"][:, 0].numpy()
-            mine = mine[(mine >= first) & (mine < first + OFFSET)] - first
+            mine = starts[(starts >= first) & (starts < first + OFFSET)] - first
             geometry_requests[name] += _requests_of(mine // 8)
     final = loader.source_stats()
     assert {name: final[name]["requests"] for name in final} == geometry_requests

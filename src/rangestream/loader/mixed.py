@@ -218,6 +218,9 @@ class MixedSource:
     def sample_span_bytes(self) -> int | None:
         return None
 
+    def reads_per_batch(self) -> int:
+        return sum(weight > 0 for weight in self.order.weights)
+
     def preload(self) -> None:
         for source in self.sources:
             source.preload()

@@ -64,13 +64,16 @@ Stretch = tuple[int, list[list[Any]]]
 def stretch_steps(dataset: BatchIterableDataset, num_workers: int) -> int:
     """Consecutive steps a worker builds and reads together (see :data:`STRETCH_READ_BYTES`).
 
-    More than one only where it saves requests (samples adjacent in storage, known size) and
-    where the order survives it: in a single process, or when the consumer re-sorts tagged
-    batches.
+    More than one only where it saves requests (samples adjacent in storage, known size) or
+    read calls (a mixture splits each batch into one ``read_many`` per source: reading
+    several batches together keeps the calls per sample those of one source), and where the
+    order survives it: in a single process, or when the consumer re-sorts tagged batches.
     """
     if num_workers > 1 and not dataset.tagged:
         return 1
     by_budget = dataset.prefetch // (2 * dataset.options.batch_size)  # two stretches in flight
+    if dataset.source.reads_per_batch() > 1 and not dataset.source.sample_span_bytes():
+        return max(1, by_budget)
     return max(1, min(span_stretch_steps(dataset), by_budget))
 
 
@@ -99,6 +102,7 @@ def stretches(dataset: BatchIterableDataset, reader: Any, start: Start) -> Itera
         raise_no_batch(dataset, num_samples)
     done = start.done
     pending: list[range] = []
+    pending_steps = 0
     block_steps = max(1, _TARGET_BLOCK_SAMPLES // plan.batch_size)
     steps = stretch_steps(dataset, start.num_workers)
     for stretch in plan.worker_stretches(start.worker_id, start.num_workers, steps):
@@ -106,10 +110,11 @@ def stretches(dataset: BatchIterableDataset, reader: Any, start: Start) -> Itera
             done -= len(stretch)
             continue
         pending.append(stretch[done:])
+        pending_steps += len(pending[-1])
         done = 0
-        if sum(len(r) for r in pending) >= block_steps:
+        if pending_steps >= block_steps:
             yield from _mapped(dataset, reader, plan, pending, start.epoch)
-            pending = []
+            pending, pending_steps = [], 0
     if pending:
         yield from _mapped(dataset, reader, plan, pending, start.epoch)
 

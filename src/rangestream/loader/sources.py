@@ -93,6 +93,9 @@ class SampleSource(Protocol):
         """Storage bytes between consecutive samples of the epoch's order if they are
         adjacent there and of one size (sequential windows), else ``None``."""
 
+    def reads_per_batch(self) -> int:
+        """``read_many`` calls the requests of one batch become (a mixture's sources)."""
+
     def preload(self) -> None:
         """Import the client code reading will need (before DataLoader workers fork)."""
 
@@ -229,6 +232,9 @@ class IndexedSource:
             return None
         span = getattr(self.dataset, "sample_span_bytes", None)
         return int(span) if isinstance(span, int) and span > 0 else None
+
+    def reads_per_batch(self) -> int:
+        return 1
 
     def preload(self) -> None:
         preload = getattr(getattr(self.dataset, "storage", None), "preload_readers", None)

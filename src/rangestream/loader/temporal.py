@@ -234,6 +234,9 @@ class TemporalWindowSource:
     def sample_span_bytes(self) -> int | None:
         return None
 
+    def reads_per_batch(self) -> int:
+        return 1
+
     def preload(self) -> None:
         preload = getattr(self.storage, "preload_readers", None)
         if callable(preload):
