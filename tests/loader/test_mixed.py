@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -26,12 +27,14 @@ from rangestream.loader import (
     BatchIterableDataset,
     BatchOptions,
     IndexedSource,
+    LoaderPosition,
     StatefulDataLoader,
 )
 from rangestream.loader.geometry import WindowGeometry
 from rangestream.loader.mixed import MixedSource
 from rangestream.loader.mixing import MixedOrder
 from rangestream.loader.mixture import Mixture, MixtureSource
+from rangestream.loader.phases import EpochPosition, reader_region
 
 from .fakes import FakeStreamDataset, FakeStreamStorage
 
@@ -238,7 +241,7 @@ def test_from_storages_reads_every_window_of_two_storages_once_with_exact_stats(
     b = write_windows(location.child("b"), location.storage_options, OFFSET, 18, 8)
     loader = StatefulDataLoader.from_storages(
         {a: 0.7, b: 0.3}, sequence_length=8, batch_size=4, num_workers=0, rank=0,
-        world_size=1, names={a: "web", b: "code"}, drop_last=True,
+        world_size=1, names={a: "web", b: "code"}, drop_last=True, shuffle="window",
     )  # fmt: skip
     iterator = iter(loader)
     batches = [next(iterator) for _ in range(10)]
@@ -285,5 +288,135 @@ def test_from_storages_refuses_storages_of_other_sample_shapes(tmp_path: Path) -
     with pytest.raises(LoaderConfigError, match="both named"):
         StatefulDataLoader.from_storages({a: 0.5, b: 0.5}, sequence_length=8,
                                          names={a: "x", b: "x"})  # fmt: skip
-    with pytest.raises(LoaderConfigError, match="shuffle"):
-        StatefulDataLoader.from_storages({a: 0.5, b: 0.5}, sequence_length=8, shuffle="block")
+    with pytest.raises(LoaderConfigError, match="shuffle must be"):
+        StatefulDataLoader.from_storages({a: 0.5, b: 0.5}, sequence_length=8, shuffle="runs")
+
+
+# -- each source with its own block shuffle ------------------------------------------------
+
+
+def block_mixed_dataset(
+    sizes: list[int], weights: list[float], *, rank: int, world: int, batch: int,
+    drop_last: bool, run_windows: int, buffer_runs: int,
+) -> BatchIterableDataset:  # fmt: skip
+    sources = fake_sources(sizes)
+    source = MixedSource(
+        sources, dict(zip(sources, weights, strict=True)), seed=11, shuffle="block",
+        run_windows=[run_windows] * len(sizes), buffer_runs=[buffer_runs] * len(sizes),
+    )  # fmt: skip
+    options = BatchOptions(batch_size=batch, rank=rank, world_size=world, drop_last=drop_last)
+    return BatchIterableDataset(source, options)
+
+
+def load_as_workers(
+    dataset: BatchIterableDataset, workers: int, monkeypatch: pytest.MonkeyPatch
+) -> dict[int, list[tuple[int, int]]]:
+    """``step -> samples`` of one rank, each worker's share loaded as that worker would."""
+    dataset.tag_steps()
+    dataset.workers_per_rank = workers
+    out = {}
+    for worker in range(workers):
+        info = SimpleNamespace(id=worker, num_workers=workers)
+        monkeypatch.setattr("rangestream.loader.iterable.get_worker_info", lambda info=info: info)
+        for step, batch, _ in dataset:
+            out[step] = samples_of(batch)
+    monkeypatch.setattr("rangestream.loader.iterable.get_worker_info", lambda: None)
+    return out
+
+
+def expected_sources(
+    order: MixedOrder, position: EpochPosition, rank: int, worker: int, batch: int
+) -> dict[int, list[int]]:
+    """``step -> sources`` of a reader: its region of the global order, cut into steps."""
+    steps, intervals = reader_region(order.samples_per_epoch, position, rank=rank,
+                                     worker_id=worker)  # fmt: skip
+    positions = np.concatenate([np.arange(low, high) for low, high in intervals] or [[]])
+    sources = order.draws(positions.astype(np.int64), 0)[0].tolist() if positions.size else []
+    workers = position.phase.num_workers
+    return {
+        int(steps[0]) + k * workers: sources[k * batch : (k + 1) * batch]
+        for k in range(len(sources) // batch)
+    }
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(
+    sizes=st.lists(st.integers(4, 60), min_size=2, max_size=3),
+    world=st.integers(1, 3), batch=st.integers(1, 4), workers=st.integers(1, 3),
+    run_windows=st.integers(1, 9), buffer_runs=st.integers(1, 4), stop=st.floats(0, 1),
+    new_world=st.integers(1, 3), new_batch=st.integers(1, 4), new_workers=st.integers(1, 3),
+)  # fmt: skip
+def test_a_block_shuffled_mixture_loads_each_window_once_and_resumes_elastically(
+    monkeypatch: pytest.MonkeyPatch, sizes: list[int], world: int, batch: int, workers: int,
+    run_windows: int, buffer_runs: int, stop: float, new_world: int, new_batch: int,
+    new_workers: int,
+) -> None:  # fmt: skip
+    weights = [size / sum(sizes) for size in sizes]  # about every window once per epoch
+    mixture = Mixture(tuple(MixtureSource(f"s{s}", size, w) for s, (size, w) in
+                            enumerate(zip(sizes, weights, strict=True))), seed=11)  # fmt: skip
+    n, quotas = mixture.samples_per_epoch, mixture.quotas
+    assert all(q <= size for q, size in zip(quotas, sizes, strict=True))  # no repeats
+    if n < world * batch:
+        return
+    order = MixedOrder(mixture)
+    first = EpochPosition.start(world_size=world, batch_size=batch, num_workers=workers,
+                                drop_last=True)  # fmt: skip
+    loaded: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for rank in range(world):
+        dataset = block_mixed_dataset(sizes, weights, rank=rank, world=world, batch=batch,
+                                      drop_last=True, run_windows=run_windows,
+                                      buffer_runs=buffer_runs)  # fmt: skip
+        dataset.seek(LoaderPosition(0, 0, first))
+        for step, samples in load_as_workers(dataset, workers, monkeypatch).items():
+            loaded[(rank, step)] = samples
+        for worker in range(workers):  # each position takes the source the interleave says
+            for step, sources in expected_sources(order, first, rank, worker, batch).items():
+                assert [s for s, _ in loaded[(rank, step)]] == sources
+    steps = n // (world * batch)
+    epoch = [s for samples in loaded.values() for s in samples]
+    assert len(epoch) == len(set(epoch)) == steps * world * batch  # nothing twice
+    assert all(0 <= i < sizes[s] for s, i in epoch)
+
+    k = int(stop * steps)
+    after = first.advance(k).resume(world_size=new_world, batch_size=new_batch,
+                                    num_workers=new_workers, drop_last=False)  # fmt: skip
+    rest = []
+    for rank in range(new_world):
+        dataset = block_mixed_dataset(sizes, weights, rank=rank, world=new_world,
+                                      batch=new_batch, drop_last=False, run_windows=run_windows,
+                                      buffer_runs=buffer_runs)  # fmt: skip
+        dataset.seek(LoaderPosition(0, after.consumed_samples, after))
+        for samples in load_as_workers(dataset, new_workers, monkeypatch).values():
+            rest.extend(samples)
+    seen = [s for (_, step), samples in loaded.items() if step < k for s in samples]
+    both = set(seen) | set(rest)
+    # every source drawn its quota of distinct windows, resumed elastically; only the
+    # padding of the last global batch repeats
+    assert [sum(1 for s, _ in both if s == number) for number in range(len(sizes))] == list(quotas)
+    assert len(seen) + len(rest) - n < new_world * new_batch
+
+
+def test_from_storages_defaults_to_block_shuffles_over_object_storage(
+    location: Location,
+) -> None:
+    a = write_windows(location.child("a"), location.storage_options, 0, 300, 8)
+    b = write_windows(location.child("b"), location.storage_options, OFFSET, 200, 8)
+    per_rank = []
+    for rank in range(2):
+        loader = StatefulDataLoader.from_storages(
+            {a: 0.6, b: 0.4}, sequence_length=8, batch_size=5, num_workers=2, rank=rank,
+            world_size=2, names={a: "a", b: "b"}, drop_last=True,
+        )  # fmt: skip
+        per_rank.append([batch["tokens"][:, 0].tolist() for batch in loader])
+        stats = loader.source_stats()
+    state = loader.state_dict()
+    assert state["shuffle"] == ("block" if location.is_s3 else True)
+    starts = sorted(s for batches in per_rank for batch in batches for s in batch)
+    assert starts == [8 * i for i in range(300)] + [OFFSET + 8 * i for i in range(200)]
+    requests = sum(one["requests"] for one in stats.values())
+    if location.is_s3:  # runs read whole: far fewer requests than the rank's 250 windows
+        assert requests < 250 / 4

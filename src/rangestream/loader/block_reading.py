@@ -29,7 +29,7 @@ from rangestream.loader.worker_plan import ReadGroup, RunRead, WorkerPlan
 if TYPE_CHECKING:
     from rangestream.loader.iterable import BatchIterableDataset, Start
 
-__all__ = ["BlockIterator", "block_plan", "generate_block_sync"]
+__all__ = ["BlockIterator", "block_plan", "generate_block_sync", "needed_windows"]
 
 
 def block_plan(dataset: BatchIterableDataset, reader: Any, start: Start) -> WorkerPlan:
@@ -69,7 +69,7 @@ class _Feed:
         return self.groups.popleft()
 
 
-def _needed(read: RunRead, samples: list[Any]) -> dict[int, Any]:
+def needed_windows(read: RunRead, samples: list[Any]) -> dict[int, Any]:
     """The needed windows of a read, by window index."""
     requested = read.request_windows
     if isinstance(requested, range):
@@ -105,7 +105,7 @@ def assemble(
         ):
             while window not in have:
                 read, samples = next(arrived)
-                have.update(_needed(read, samples))
+                have.update(needed_windows(read, samples))
             batch = pending.get(step)
             if batch is None:
                 batch = pending[step] = [None] * size

@@ -25,6 +25,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from rangestream.errors import LoaderConfigError, StateError
 from rangestream.loader.block_reading import BlockIterator, generate_block_sync
+from rangestream.loader.mixed import MixedSource
+from rangestream.loader.mixed_blocks import MixedBlockIterator, generate_mixed_block_sync
 from rangestream.loader.options import DEFAULT_PREFETCH, BatchOptions
 from rangestream.loader.phases import EpochPosition
 from rangestream.loader.plan import EpochPlan
@@ -170,7 +172,9 @@ class BatchIterableDataset(IterableDataset[Any]):
         if self.options.prefetch is not None:
             return self.options.prefetch
         if self.block_shuffled:
-            return 2 * (getattr(self.source, "run_windows", None) or 1)
+            runs = getattr(self.source, "run_windows", None)
+            longest = max((r or 1 for r in runs), default=1) if isinstance(runs, list) else runs
+            return 2 * (longest or 1)
         return max(DEFAULT_PREFETCH, 2 * span_stretch_steps(self) * self.options.batch_size)
 
     @property
@@ -396,12 +400,9 @@ class BatchIterableDataset(IterableDataset[Any]):
     def adopt_identity(self, state: dict[str, Any]) -> None:
         """Check that ``state`` was saved under this order; adopt the block shuffle's
         parameters (they were chosen when the order was first made, and define it)."""
-        source = self.source
-        if self.block_shuffled:
-            for key in ("run_windows", "buffer_runs"):
-                saved = state.get(key)
-                if key not in source.explicit and type(saved) is int and saved > 0:  # type: ignore[attr-defined]
-                    setattr(source, key, saved)
+        adopt = getattr(self.source, "adopt_order_parameters", None)
+        if adopt is not None:
+            adopt(state)
         expected = self.state_identity()
         for key, value in expected.items():
             if state.get(key) != value:
@@ -442,6 +443,8 @@ class BatchIterableDataset(IterableDataset[Any]):
         context = self._sync_context()
         if context is not None:
             return self._generate_sync(context, start)
+        if self.block_shuffled and isinstance(self.source, MixedSource):
+            return MixedBlockIterator(self, start)
         if self.block_shuffled:
             return BlockIterator(self, start)
         return PrefetchingIterator(self, start)
@@ -460,7 +463,9 @@ class BatchIterableDataset(IterableDataset[Any]):
     def _generate_sync(self, context: Any, start: Start) -> Iterator[Any]:
         with context as reader:
             self.note_reader(reader)
-            if self.block_shuffled:
+            if self.block_shuffled and isinstance(self.source, MixedSource):
+                yield from generate_mixed_block_sync(self, reader, start)
+            elif self.block_shuffled:
                 yield from generate_block_sync(self, reader, start)
             else:
                 yield from generate_sync(self, reader, start)

@@ -22,8 +22,14 @@ import numpy as np
 from rangestream.errors import LoaderConfigError, StateError
 from rangestream.loader.mixing import MixedOrder
 from rangestream.loader.mixture import Mixture, MixtureSource
+from rangestream.loader.shuffle import DEFAULT_RUN_BYTES, BlockShuffle, buffer_runs_for
 from rangestream.loader.sources import SampleSource
-from rangestream.loader.storage_kinds import SourceOptions, build_source, storage_kind
+from rangestream.loader.storage_kinds import (
+    SourceOptions,
+    build_source,
+    default_shuffle,
+    storage_kind,
+)
 
 __all__ = ["MixedReader", "MixedSource", "mixed_source"]
 
@@ -67,8 +73,13 @@ class MixedSource:
         Positions per epoch; by default the most for which no source repeats.
     seed : int, default 0
         Seed of every source's shuffle (each derives its own from its name).
-    shuffle : bool, default True
-        Shuffle each source (a fresh order per pass), or read each in storage order.
+    shuffle : {True, "window", "block", False}, default True
+        Shuffle each source per sample (``True`` or ``"window"``: a fresh order per pass),
+        with its own block shuffle (``"block"``: runs of about 4 MiB read whole, see
+        :mod:`rangestream.loader.mixed_blocks`), or read each in storage order.
+    run_windows, buffer_runs : sequence of int, optional
+        The block shuffle's parameters per source; chosen from the data when omitted and
+        kept in the state once chosen.
     sizes : mapping of name to int, optional
         Samples of each source, if already counted; counted here otherwise (which opens
         each source in this process).
@@ -81,8 +92,10 @@ class MixedSource:
         *,
         num_samples: int | None = None,
         seed: int = 0,
-        shuffle: bool = True,
+        shuffle: bool | str = True,
         sizes: Mapping[str, int] | None = None,
+        run_windows: Sequence[int | None] | None = None,
+        buffer_runs: Sequence[int | None] | None = None,
     ) -> None:
         if set(sources) != set(weights):
             raise LoaderConfigError(
@@ -109,8 +122,24 @@ class MixedSource:
             seed=seed,
         )
         self.seed = mixture.seed
-        self.shuffle = bool(shuffle)
-        self.order = MixedOrder(mixture, shuffle=self.shuffle)
+        if shuffle not in (True, False, "window", "block"):
+            raise LoaderConfigError(
+                f"a mixture's shuffle must be True, 'window', 'block' or False, got {shuffle!r}"
+            )
+        self.shuffle: bool | str = "block" if shuffle == "block" else bool(shuffle)
+        self.order = MixedOrder(mixture, shuffle=bool(shuffle))
+        count = len(self.names)
+        self.run_windows: list[int | None] = list(run_windows or [None] * count)
+        self.buffer_runs: list[int | None] = list(buffer_runs or [None] * count)
+        if len(self.run_windows) != count or len(self.buffer_runs) != count:
+            raise LoaderConfigError(
+                f"run_windows and buffer_runs need one value per source ({count})"
+            )
+        self.explicit = frozenset(
+            name
+            for name, values in (("run_windows", run_windows), ("buffer_runs", buffer_runs))
+            if values is not None
+        )
 
     def __repr__(self) -> str:
         return f"MixedSource({self.order!r})"
@@ -122,7 +151,7 @@ class MixedSource:
     # -- identity and the order's state --------------------------------------------------
 
     def identity(self) -> dict[str, Any]:
-        return {
+        identity = {
             "kind": "mixture",
             "seed": self.seed,
             "shuffle": self.shuffle,
@@ -130,6 +159,52 @@ class MixedSource:
             "sizes": list(self.mixture.sizes),
             "source_orders": [source.identity() for source in self.sources],
         }
+        if self.shuffle == "block":
+            identity["run_windows"] = list(self.run_windows)
+            identity["buffer_runs"] = list(self.buffer_runs)
+        return identity
+
+    def block_shuffle(self, num_samples: int, readers: int) -> list[BlockShuffle]:
+        """Each source's block shuffle (parameters chosen on first use, then kept).
+
+        Runs cover about :data:`DEFAULT_RUN_BYTES` of the source; a source's buffers are
+        capped at each reader's share of its runs, counted from its draws per epoch (its
+        quota), as :func:`buffer_runs_for` caps them for one source.
+        """
+        shuffles = []
+        for number, (name, source) in enumerate(zip(self.names, self.sources, strict=True)):
+            if self.run_windows[number] is None:
+                span = getattr(getattr(source, "dataset", None), "sample_span_bytes", None)
+                if not isinstance(span, int) or span < 1:
+                    raise LoaderConfigError(
+                        f"shuffle='block' needs windows of one size in every source; "
+                        f"{name!r} has none: use shuffle='window'"
+                    )
+                self.run_windows[number] = max(1, DEFAULT_RUN_BYTES // span)
+            runs = self.run_windows[number]
+            assert runs is not None
+            if self.buffer_runs[number] is None:
+                quota = self.mixture.quotas[number]
+                self.buffer_runs[number] = buffer_runs_for(quota, runs, readers)
+            size, seed = self.mixture.sizes[number], self.mixture.source_seed(number)
+            buffers = self.buffer_runs[number]
+            assert buffers is not None
+            shuffles.append(BlockShuffle(size, seed, runs, buffers))
+        return shuffles
+
+    def adopt_order_parameters(self, state: Mapping[str, Any]) -> None:
+        """Take the block shuffle's parameters from a saved state, unless given here."""
+        if self.shuffle != "block":
+            return
+        for key in ("run_windows", "buffer_runs"):
+            saved = state.get(key)
+            if (
+                key not in self.explicit
+                and isinstance(saved, list)
+                and len(saved) == len(self.names)
+                and all(type(value) is int and value > 0 for value in saved)
+            ):
+                setattr(self, key, list(saved))
 
     def order_state(self) -> dict[str, Any]:
         """The mixture's weights, epoch length and curriculum phases (plain data)."""
@@ -219,7 +294,7 @@ class MixedSource:
         return None
 
     def reads_per_batch(self) -> int:
-        return sum(weight > 0 for weight in self.order.weights)
+        return int(sum(weight > 0 for weight in self.order.weights))
 
     def preload(self) -> None:
         for source in self.sources:
@@ -263,10 +338,9 @@ def mixed_source(
         raise LoaderConfigError(
             f"from_storages needs a mapping of storages to weights, got {weights!r}"
         )
-    if shuffle not in (True, False, "window"):
+    if shuffle not in (True, False, "window", "block"):
         raise LoaderConfigError(
-            f"a mixture shuffles each source per sample (shuffle=True) or reads each in "
-            f"storage order (False), got shuffle={shuffle!r}"
+            f"a mixture's shuffle must be True, 'window', 'block' or False, got {shuffle!r}"
         )
     extra = [key for key in (per_source or {}) if key not in weights]
     extra += [key for key in (names or {}) if key not in weights]
@@ -302,6 +376,12 @@ def mixed_source(
             f"mixed windows must have one length, got {sorted(lengths, key=str)} "
             "(sequence_length and next_token per source)"
         )
-    return MixedSource(
-        sources, named_weights, num_samples=num_samples, seed=seed, shuffle=bool(shuffle)
-    )
+    if shuffle is True:  # the storages' default: the block shuffle if any is remote
+        windows = shapes == {"windows"}
+        remote = any(default_shuffle(storage) == "block" for storage in weights)
+        shuffle = "block" if windows and remote else True
+    if shuffle == "block" and shapes != {"windows"}:
+        raise LoaderConfigError(
+            f"shuffle='block' mixes stream windows only, got {sorted(shapes)}; use shuffle='window'"
+        )
+    return MixedSource(sources, named_weights, num_samples=num_samples, seed=seed, shuffle=shuffle)

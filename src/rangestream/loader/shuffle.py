@@ -60,7 +60,13 @@ from rangestream.loader.geometry import (
     run_windows_for,
 )
 from rangestream.loader.permutation import Permutation, _mix_in_place, keyed_hash
-from rangestream.loader.phases import EpochPosition, Phase
+from rangestream.loader.phases import (
+    EpochPosition,
+    Phase,
+    PhaseLayout,
+    phase_layout,
+    reader_region,
+)
 from rangestream.loader.worker_plan import (
     SPAN_MIN_FILL,
     ReadGroup,
@@ -83,6 +89,8 @@ __all__ = [
     "WindowShuffle",
     "WorkerPlan",
     "buffer_runs_for",
+    "phase_layout",
+    "reader_region",
     "run_windows_for",
     "simulate_epoch",
 ]
@@ -210,84 +218,6 @@ class _EpochOrder:
         return runs[slots // self.r] * self.r + slots % self.r
 
 
-class _PhaseLayout:
-    """One phase's cut of the remaining order ``V`` into rank and worker regions."""
-
-    def __init__(self, n: int, starts: np.ndarray, stops: np.ndarray, phase: Phase) -> None:
-        self.n = n
-        self.starts, self.stops = starts, stops
-        lengths = stops - starts
-        self.cumulative = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        self.remaining = int(self.cumulative[-1])
-        self.phase = phase
-        size = phase.global_batch_size
-        if self.remaining == 0:
-            self.num_steps = 0
-        elif phase.drop_last:
-            self.num_steps = self.remaining // size
-        else:
-            self.num_steps = -(-self.remaining // size)
-        workers = phase.num_workers
-        self.worker_steps = [(self.num_steps - w + workers - 1) // workers for w in range(workers)]
-        self.worker_offsets = np.concatenate([[0], np.cumsum(self.worker_steps)]).tolist()
-
-    def region(self, rank: int, worker: int) -> tuple[int, int]:
-        """``V`` positions ``[start, stop)`` of a reader's region (may pass ``remaining``)."""
-        b = self.phase.batch_size
-        base = rank * self.num_steps * b
-        return (
-            base + b * self.worker_offsets[worker],
-            base + b * self.worker_offsets[worker + 1],
-        )
-
-    def consumed(self, worker: int, steps: int) -> int:
-        """Windows of its region a worker consumed in the first ``steps`` steps."""
-        workers = self.phase.num_workers
-        return (steps - worker + workers - 1) // workers * self.phase.batch_size
-
-    def order_positions(self, v_start: int, v_stop: int) -> Iterator[tuple[int, int]]:
-        """``Q`` intervals of ``V`` positions ``[v_start, v_stop)``, padding wrapped."""
-        v = v_start
-        while v < v_stop:
-            if v < self.remaining:
-                part = int(np.searchsorted(self.cumulative, v, side="right")) - 1
-                end = min(v_stop, int(self.cumulative[part + 1]))
-                q = int(self.starts[part]) + v - int(self.cumulative[part])
-                yield q, q + end - v
-            else:  # padding: the start of the epoch's order again
-                q = (v - self.remaining) % self.n
-                end = min(v_stop, v + self.n - q)
-                yield q, q + end - v
-            v = end
-
-    def remaining_after(self, steps: int) -> tuple[np.ndarray, np.ndarray]:
-        """``Q`` intervals that remain after ``steps`` steps of every rank, sorted, merged."""
-        if steps > self.num_steps:
-            raise StateError(
-                f"phase {self.phase} took {steps} steps but has only {self.num_steps} over "
-                f"{self.remaining} remaining windows"
-            )
-        pieces: list[tuple[int, int]] = []
-        phase = self.phase
-        for rank in range(phase.world_size):
-            for worker in range(phase.num_workers):
-                start, stop = self.region(rank, worker)
-                start += self.consumed(worker, steps)
-                pieces.extend(self.order_positions(start, min(stop, self.remaining)))
-        tail = self.num_steps * phase.global_batch_size
-        if tail < self.remaining:
-            pieces.extend(self.order_positions(tail, self.remaining))
-        pieces = sorted(piece for piece in pieces if piece[1] > piece[0])
-        merged: list[list[int]] = []
-        for low, high in pieces:
-            if merged and merged[-1][1] == low:
-                merged[-1][1] = high
-            else:
-                merged.append([low, high])
-        array = np.asarray(merged, dtype=np.int64).reshape(-1, 2)
-        return array[:, 0].copy(), array[:, 1].copy()
-
-
 @dataclass(frozen=True)
 class BlockShuffle:
     """The block shuffle: runs of windows read whole, mixed within buffers of runs.
@@ -346,22 +276,9 @@ class BlockShuffle:
             target[chosen] = order.windows(buffer, offsets)
         return out
 
-    def _layout(self, position: EpochPosition) -> tuple[_PhaseLayout, int]:
+    def _layout(self, position: EpochPosition) -> tuple[PhaseLayout, int]:
         """The current phase's layout (earlier phases replayed) and its steps taken."""
-        starts = np.array([0], dtype=np.int64)
-        stops = np.array([self.num_windows], dtype=np.int64)
-        if self.num_windows == 0:
-            starts = stops = np.zeros(0, dtype=np.int64)
-        for phase in position.phases[:-1]:
-            layout = _PhaseLayout(self.num_windows, starts, stops, phase)
-            starts, stops = layout.remaining_after(phase.steps)
-        layout = _PhaseLayout(self.num_windows, starts, stops, position.phase)
-        if position.phase.steps > layout.num_steps:
-            raise StateError(
-                f"{position.phase} took more steps than its {layout.num_steps} for "
-                f"{layout.remaining} remaining windows of {self!r}"
-            )
-        return layout, position.phase.steps
+        return phase_layout(self.num_windows, position, owner=repr(self))
 
     def remaining(self, position: EpochPosition) -> list[tuple[int, int]]:
         """Intervals of ``Q`` not consumed at ``position`` (drop_last tails included)."""
@@ -410,7 +327,7 @@ class BlockShuffle:
     def _groups(
         self,
         order: _EpochOrder | None,
-        layout: _PhaseLayout,
+        layout: PhaseLayout,
         v_start: int,
         v_stop: int,
         steps: np.ndarray,
@@ -453,6 +370,23 @@ class BlockShuffle:
                 q = end
         if pieces and current is not None:
             yield flush(current, [w for _, w in pieces], emitted)
+
+    def segments(
+        self, epoch: int, start: int, stop: int
+    ) -> Iterator[tuple[np.ndarray, tuple[RunRead, ...]]]:
+        """Windows at positions ``[start, stop)`` of the epoch's order, buffer by buffer,
+        with the run reads that cover them (listed by first use)."""
+        if start >= stop:
+            return
+        order = self.order(epoch)
+        q = start
+        while q < stop:
+            buffer = int(order.buffer_of(q))
+            buffer_start = order.buffer_start(buffer)
+            end = min(stop, buffer_start + order.buffer_size(buffer))
+            windows = order.windows(buffer, np.arange(q - buffer_start, end - buffer_start))
+            yield windows, self._run_reads(windows)
+            q = end
 
     def _run_reads(self, windows: np.ndarray) -> tuple[RunRead, ...]:
         r = self.run_windows

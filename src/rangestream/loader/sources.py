@@ -227,6 +227,15 @@ class IndexedSource:
             self.buffer_runs = buffer_runs_for(num_samples, self.run_windows, readers)
         return BlockShuffle(num_samples, self.seed, self.run_windows, self.buffer_runs)
 
+    def adopt_order_parameters(self, state: dict[str, Any]) -> None:
+        """Take the block shuffle's parameters from a saved state, unless given here."""
+        if self.shuffle != "block":
+            return
+        for key in ("run_windows", "buffer_runs"):
+            saved = state.get(key)
+            if key not in self.explicit and type(saved) is int and saved > 0:
+                setattr(self, key, saved)
+
     def sample_span_bytes(self) -> int | None:
         if self.shuffle == "window":
             return None

@@ -41,6 +41,7 @@ class IterationTasks:
         self._pid = os.getpid()
         self._loop = io_loop()
         self._tasks: set[asyncio.Task[Any]] = set()  # touched on the loop thread only
+        self._futures: set[concurrent.futures.Future[Any]] = set()  # as the caller sees them
         self._stack = contextlib.AsyncExitStack()
         self._closed = False
         _live.add(self)
@@ -60,7 +61,10 @@ class IterationTasks:
         if self._closed:
             coroutine.close()
             raise StateError("this loader iteration is closed")
-        return asyncio.run_coroutine_threadsafe(self._tracked(coroutine), self._loop)
+        future = asyncio.run_coroutine_threadsafe(self._tracked(coroutine), self._loop)
+        self._futures.add(future)
+        future.add_done_callback(self._futures.discard)
+        return future
 
     async def _tracked(self, coroutine: Coroutine[Any, Any, T]) -> T:
         task = asyncio.current_task()
@@ -102,8 +106,9 @@ class IterationTasks:
         await self._stack.aclose()
 
     def pending(self) -> int:
-        """Tasks of this iteration not finished yet (for tests and diagnostics)."""
-        return sum(not task.done() for task in list(self._tasks))
+        """Coroutines submitted by this iteration and not finished yet (for tests and
+        diagnostics)."""
+        return sum(not future.done() for future in list(self._futures))
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rangestream.errors import LoaderConfigError, StateError
+from rangestream.errors import StateError
 from rangestream.loader.geometry import check_count
 from rangestream.loader.permutation import Permutation
-from rangestream.loader.phases import EpochPosition
+from rangestream.loader.phases import EpochPosition, check_worker
 from rangestream.loader.plan import EpochPlan
 
 __all__ = ["SPAN_MIN_FILL", "ReadGroup", "RunRead", "WindowShuffle", "WorkerPlan", "check_worker"]
@@ -132,15 +132,6 @@ class WorkerPlan:
                 next_step = next(order, None)
         if next_step is not None or pending:
             raise StateError(f"plan ended before step {next_step} was complete")
-
-
-def check_worker(rank: int, world_size: int, worker_id: int, num_workers: int) -> None:
-    if not 0 <= rank < world_size:
-        raise LoaderConfigError(f"rank must lie in [0, world_size={world_size}), got {rank!r}")
-    if not 0 <= worker_id < num_workers:
-        raise LoaderConfigError(
-            f"worker_id must lie in [0, num_workers={num_workers}), got {worker_id!r}"
-        )
 
 
 # -- the per-window orders: today's shuffle and storage order ---------------------------------
