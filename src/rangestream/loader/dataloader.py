@@ -261,7 +261,7 @@ class StatefulDataLoader(torchdata.stateful_dataloader.StatefulDataLoader):
         rank: int | None = None,
         world_size: int | None = None,
         num_workers: int = 2,
-        shuffle: bool = True,
+        shuffle: bool | str = True,
         shuffle_seed: int = 0,
         drop_last: bool = True,
         prefetch: int | None = None,
@@ -301,8 +301,11 @@ class StatefulDataLoader(torchdata.stateful_dataloader.StatefulDataLoader):
             Options of one source that differ from the shared ones.
         num_samples : int, optional
             Positions per epoch; by default the most for which no source repeats.
-        shuffle : bool, default True
-            Shuffle each source (a per-sample shuffle; a fresh one per pass) or read each in
+        shuffle : {True, "block", "window", False}, default True
+            ``True`` takes the storages' default: for windows over object storage each
+            source's own block shuffle (runs of about 4 MiB read whole,
+            :mod:`rangestream.loader.mixed_blocks`), else a per-sample shuffle of each
+            source (``"window"``; a fresh one per pass). ``False`` reads each source in
             storage order.
         batch_size, rank, world_size, num_workers, shuffle_seed, drop_last, prefetch
             As for :meth:`from_storage`; so are ``pin_memory`` and ``**kwargs``.

@@ -16,8 +16,7 @@ before the process that iterates enters the source's reader (after any fork), so
 
 from __future__ import annotations
 
-import multiprocessing
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +27,7 @@ from rangestream.loader.block_reading import BlockIterator, generate_block_sync
 from rangestream.loader.mixed import MixedSource
 from rangestream.loader.mixed_blocks import MixedBlockIterator, generate_mixed_block_sync
 from rangestream.loader.options import DEFAULT_PREFETCH, BatchOptions
+from rangestream.loader.persistence import KeptReader, SharedPosition
 from rangestream.loader.phases import EpochPosition
 from rangestream.loader.plan import EpochPlan
 from rangestream.loader.position import LoaderPosition
@@ -38,6 +38,7 @@ from rangestream.loader.reading import (
     head_stretch,
     span_stretch_steps,
 )
+from rangestream.loader.source_io import SourceIO
 from rangestream.loader.sources import SampleSource
 from rangestream.loader.tasks import IterationTasks
 
@@ -63,38 +64,6 @@ class Start:
 def _worker_identity() -> tuple[int, int]:
     info = get_worker_info()
     return (0, 1) if info is None else (info.id, info.num_workers)
-
-
-class _SharedPosition:
-    """The position, in memory shared with persistent workers (written before each epoch).
-
-    Persistent workers keep the dataset they were started with; the loader writes the
-    position here before every ``iter()``, and each worker reads it when its iteration is
-    re-created.
-    """
-
-    def __init__(self) -> None:
-        self._cells = multiprocessing.RawArray("q", 3 + 5 * _MAX_SHARED_PHASES)
-
-    def write(self, position: LoaderPosition) -> None:
-        cells = self._cells
-        phases = [] if position.phases is None else position.phases.state_dict()["phases"]
-        if len(phases) > _MAX_SHARED_PHASES:
-            raise StateError(
-                f"persistent workers carry at most {_MAX_SHARED_PHASES} phases of an epoch, "
-                f"the position has {len(phases)}"
-            )
-        cells[0], cells[1], cells[2] = position.epoch, position.consumed_samples, len(phases)
-        for number, row in enumerate(phases):
-            cells[3 + 5 * number : 8 + 5 * number] = row
-
-    def read(self) -> LoaderPosition:
-        cells = self._cells
-        count = cells[2]
-        if not count:
-            return LoaderPosition(cells[0], cells[1])
-        rows = [list(cells[3 + 5 * n : 8 + 5 * n]) for n in range(count)]
-        return LoaderPosition(cells[0], cells[1], EpochPosition.from_state_dict({"phases": rows}))
 
 
 class BatchIterableDataset(IterableDataset[Any]):
@@ -134,7 +103,7 @@ class BatchIterableDataset(IterableDataset[Any]):
         self._resume: tuple[int, int, int] | None = None
         self._known_num_samples: int | None = None
         self._tagged = False
-        self._shared: _SharedPosition | None = None
+        self._shared: SharedPosition | None = None
         #: Readers a worker keeps across epochs (with their contexts: collecting a context
         #: would close its reader): the sync one for local sources, the async one else.
         self._kept_sync: tuple[Any, Any] | None = None
@@ -143,9 +112,7 @@ class BatchIterableDataset(IterableDataset[Any]):
         #: the block shuffle sizes its buffers by the readers of an epoch.
         self.workers_per_rank = 1
         self._iteration_start: LoaderPosition | None = None
-        self._io_reader: Any = None
-        self._io_seen: list[tuple[int, int]] = []
-        self._io_counters: list[Callable[[], tuple[int, int]]] = []
+        self._io = SourceIO()
 
     def __repr__(self) -> str:
         return f"BatchIterableDataset({self.source!r}, {self.options!r})"
@@ -153,9 +120,7 @@ class BatchIterableDataset(IterableDataset[Any]):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_kept_sync"] = state["_kept_async"] = None  # readers are per process
-        state["_io_reader"] = None
-        state["_io_seen"] = []
-        state["_io_counters"] = []
+        state["_io"] = SourceIO()
         return state
 
     # -- settings ------------------------------------------------------------------------
@@ -196,26 +161,11 @@ class BatchIterableDataset(IterableDataset[Any]):
         worker's previous batch (the loader sums them per source)."""
         if not self._tagged:
             return batch
-        return step, batch, self._io_delta()
+        return step, batch, self._io.delta()
 
     def note_reader(self, reader: Any) -> None:
         """The reader this process reads with now (its counters feed :meth:`emit`)."""
-        if reader is not self._io_reader:
-            self._io_reader = reader
-            self._io_seen = []
-            self._io_counters = []
-
-    def _io_delta(self) -> list[tuple[int, int]] | None:
-        reader = self._io_reader
-        if reader is None:
-            return None
-        if not self._io_counters:
-            readers = getattr(reader, "readers", None) or [reader]
-            self._io_counters = [_io_counts(one) for one in readers]
-        now = [counts() for counts in self._io_counters]
-        seen = self._io_seen or [(0, 0)] * len(now)
-        self._io_seen = now
-        return [(r - r0, b - b0) for (r, b), (r0, b0) in zip(now, seen, strict=True)]
+        self._io.note(reader)
 
     def state_identity(self) -> dict[str, Any]:
         """Settings that define the epoch's order (the source's identity, seed included).
@@ -239,7 +189,7 @@ class BatchIterableDataset(IterableDataset[Any]):
         """Carry the position to persistent workers through shared memory (see
         :class:`StatefulDataLoader`); call before the workers start."""
         if self._shared is None:
-            self._shared = _SharedPosition()
+            self._shared = SharedPosition()
             self._shared.write(self.position)
 
     # -- position ------------------------------------------------------------------------
@@ -453,12 +403,12 @@ class BatchIterableDataset(IterableDataset[Any]):
         """The sync reader's context for local sources (kept open in a worker, so a
         persistent worker's next epoch opens nothing); ``None`` for remote sources."""
         if self._kept_sync is not None:
-            return _Kept(self._kept_sync[1])
+            return KeptReader(self._kept_sync[1])
         context = self.source.open_sync()
         if context is None or get_worker_info() is None:
             return context
         self._kept_sync = (context, context.__enter__())  # closed when the worker exits
-        return _Kept(self._kept_sync[1])
+        return KeptReader(self._kept_sync[1])
 
     def _generate_sync(self, context: Any, start: Start) -> Iterator[Any]:
         with context as reader:
@@ -499,42 +449,3 @@ class BatchIterableDataset(IterableDataset[Any]):
             return None
         start = Start(position.epoch, position.consumed_samples, None, 0, 1)
         return head_stretch(self, context, start)
-
-
-def _io_counts(reader: Any) -> Callable[[], tuple[int, int]]:
-    """Requests and bytes a reader has made so far, read cheaply on every batch.
-
-    A dataset reader's ``stats`` is a snapshot (about 20 us, per batch and source); the live
-    counter behind it (``storage_reader.opened.reader.counter``, an ``IOCounter``) is summed
-    in well under a microsecond. Readers without it fall back to ``stats``, and readers
-    without either count nothing.
-    """
-    opened = getattr(getattr(reader, "storage_reader", None), "opened", None)
-    counter = getattr(getattr(opened, "reader", None), "counter", None)
-    kinds = getattr(counter, "kinds", None)
-    if isinstance(kinds, dict):
-
-        def live() -> tuple[int, int]:
-            requests = nbytes = 0
-            for count, size in list(kinds.values()):
-                requests += count
-                nbytes += size
-            return requests, nbytes
-
-        return live
-    if hasattr(reader, "stats"):
-        return lambda: (reader.stats.requests, reader.stats.bytes)
-    return lambda: (0, 0)
-
-
-class _Kept:
-    """A reader kept open across iterations: entering yields it, leaving keeps it open."""
-
-    def __init__(self, reader: Any) -> None:
-        self._reader = reader
-
-    def __enter__(self) -> Any:
-        return self._reader
-
-    def __exit__(self, *exc: object) -> None:
-        return None
