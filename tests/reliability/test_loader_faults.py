@@ -64,7 +64,7 @@ def run_epoch(url: str, proxy: LatencyProxy) -> Epoch:
         sequence_length=SEQUENCE_LENGTH,
         batch_size=BATCH_SIZE,
         num_workers=2,
-        shuffle=True,
+        shuffle="window",  # a request per window: enough requests for faults to hit
     )
     proxy.reset_stats()
     per_worker: dict[int, IOStats] = {}
