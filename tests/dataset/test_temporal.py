@@ -208,18 +208,18 @@ def test_records_listed_twice_or_out_of_range_are_refused(tmp_path: Path) -> Non
 def test_the_indexed_loader_iterates_whole_records_and_resumes_exactly(
     location: Location, shuffle: bool
 ) -> None:
-    """``TemporalRecords`` is what the loader's ``IndexedBatchDataset`` takes for the other
-    kinds: every record once per epoch, in order or shuffled, and a resume from
+    """``TemporalRecords`` is an indexed dataset like the other kinds: through the loader's
+    ``IndexedSource``, every record once per epoch, in order or shuffled, and a resume from
     ``state_dict`` continues with exactly the records not yet seen."""
-    from rangestream.loader.iterable import IndexedBatchDataset
+    from rangestream.loader import BatchIterableDataset, BatchOptions, IndexedSource
 
     storage = write(location.url, location.storage_options)
 
-    def loader() -> IndexedBatchDataset:
-        return IndexedBatchDataset(
-            TemporalRecords(storage), batch_size=3, shuffle=shuffle, seed=5, drop_last=False,
-            collate_fn=list,
-        )  # fmt: skip
+    def loader() -> BatchIterableDataset:
+        return BatchIterableDataset(
+            IndexedSource(TemporalRecords(storage), shuffle=shuffle, seed=5),
+            BatchOptions(batch_size=3, rank=0, world_size=1, drop_last=False, collate_fn=list),
+        )
 
     def clocks(batch: list[dict[str, Any]]) -> list[float]:
         return [float(record["clock"][0]) for record in batch]

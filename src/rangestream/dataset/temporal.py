@@ -104,9 +104,10 @@ class TemporalRecords:
         (position,), _many = positions(index, len(self))
         return position if self.records is None else int(self.records[position])
 
-    def ids(self, indexes: Sequence[int]) -> list[int]:
-        """The storage's record numbers of this dataset's records ``indexes``."""
-        count = len(self)
+    def ids(self, indexes: Sequence[int], count: int | None = None) -> list[int]:
+        """The storage's record numbers of this dataset's records ``indexes`` (``count``:
+        this dataset's length, if the caller knows it without opening the storage)."""
+        count = len(self) if count is None else count
         checked = [positions(int(i), count)[0][0] for i in indexes]
         if self.records is None:
             return checked
@@ -211,7 +212,8 @@ class TemporalRecordReader:
         self.storage_reader.close()
 
     def __len__(self) -> int:
-        return len(self.dataset)
+        records = self.dataset.records
+        return len(self.storage_reader) if records is None else len(records)
 
     def __getitem__(self, key: int | slice) -> Any:
         indexes, many = positions(key, len(self))
@@ -224,7 +226,7 @@ class TemporalRecordReader:
         request per field group)."""
         dataset = self.dataset
         return self.storage_reader.read_records(  # type: ignore[no-any-return]
-            dataset.ids(indexes), dataset.fields
+            dataset.ids(indexes, len(self)), dataset.fields
         )
 
 
@@ -250,7 +252,9 @@ class AsyncTemporalRecordReader:
         await self.storage_reader.aclose()
 
     def __len__(self) -> int:
-        return len(self.dataset)
+        """Records of the dataset (the async reader is open: its own count, no sync open)."""
+        records = self.dataset.records
+        return len(self.storage_reader) if records is None else len(records)
 
     async def _get(self, key: int | slice) -> Any:
         indexes, many = positions(key, len(self))
@@ -265,7 +269,7 @@ class AsyncTemporalRecordReader:
     ) -> list[dict[str, Any]]:
         dataset = self.dataset
         return await self.storage_reader.read_records(  # type: ignore[no-any-return]
-            dataset.ids(indexes), dataset.fields, max_concurrency=max_concurrency
+            dataset.ids(indexes, len(self)), dataset.fields, max_concurrency=max_concurrency
         )
 
 

@@ -25,6 +25,11 @@ from rangestream.layout.dtypes import dtype_from_json
 from rangestream.layout.zarr_json import group_document
 
 FORMAT_VERSION = 1
+#: The version written when a manifest references shards of earlier commits
+#: (``inherited``): readers of version 1 refuse it instead of looking for those shards
+#: under the new commit. Manifests without inherited shards stay version 1.
+INHERITING_FORMAT_VERSION = 2
+READABLE_FORMAT_VERSIONS = (FORMAT_VERSION, INHERITING_FORMAT_VERSION)
 ROOT_KEY = "zarr.json"
 MAX_ROOT_BYTES = 512 * 1024 * 1024
 MAX_SHARDS = 1 << 24
@@ -58,7 +63,12 @@ def array_key(commit_id: str, shard: int, name: str) -> str:
 
 @dataclass(frozen=True)
 class Manifest:
-    """What a committed dataset is: kind, schema, array layouts and per-shard lengths."""
+    """What a committed dataset is: kind, schema, array layouts and per-shard lengths.
+
+    ``inherited`` maps an earlier commit id to the shards of this version whose data was
+    written under that commit's prefix (an append adds shards without copying the old
+    ones); every other shard lies under this version's own prefix.
+    """
 
     kind: str
     commit_id: str
@@ -67,16 +77,30 @@ class Manifest:
     shard_ids: np.ndarray
     lengths: dict[str, np.ndarray]
     extra: dict[str, Any] = field(default_factory=dict)
+    inherited: dict[str, list[int]] = field(default_factory=dict)
+    _shard_commits: dict[int, str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        owners = {
+            int(shard): commit for commit, shards in self.inherited.items() for shard in shards
+        }
+        object.__setattr__(self, "_shard_commits", owners)
+
+    def shard_commit(self, shard: int) -> str:
+        """The commit under whose prefix ``shard``'s data lies."""
+        return self._shard_commits.get(shard, self.commit_id)
+
+    @property
+    def commits(self) -> list[str]:
+        """Every commit whose prefix this version reads: its own, then the inherited."""
+        return [self.commit_id, *self.inherited]
 
     def array_key(self, shard: int, name: str) -> str:
-        return array_key(self.commit_id, shard, name)
-
-    def length(self, name: str) -> np.ndarray:
-        return self.lengths[name]
+        return array_key(self.shard_commit(shard), shard, name)
 
     def to_attributes(self) -> dict[str, Any]:
-        return {
-            "format_version": FORMAT_VERSION,
+        attributes = {
+            "format_version": INHERITING_FORMAT_VERSION if self.inherited else FORMAT_VERSION,
             "kind": self.kind,
             "commit_id": self.commit_id,
             "data_prefix": data_prefix(self.commit_id),
@@ -90,6 +114,9 @@ class Manifest:
             },
             "extra": self.extra,
         }
+        if self.inherited:
+            attributes["inherited"] = {c: sorted(shards) for c, shards in self.inherited.items()}
+        return attributes
 
     def root_document(self) -> dict[str, Any]:
         return group_document({"rangestream": self.to_attributes()})
@@ -122,9 +149,10 @@ def parse_attributes(value: Any, where: str, expected_kind: str | None = None) -
     _require(isinstance(value, dict), where, "rangestream attributes must be an object")
     version = value.get("format_version")
     _require(
-        version == FORMAT_VERSION,
+        type(version) is int and version in READABLE_FORMAT_VERSIONS,
         where,
-        f"format_version {version!r} is not supported (this library reads {FORMAT_VERSION})",
+        f"format_version {version!r} is not supported (this library reads "
+        f"{', '.join(map(str, READABLE_FORMAT_VERSIONS))})",
     )
     kind = value.get("kind")
     _require(isinstance(kind, str) and bool(_NAME.match(kind)), where, f"bad kind {kind!r}")
@@ -188,7 +216,49 @@ def parse_attributes(value: Any, where: str, expected_kind: str | None = None) -
         where,
         f"extra.previous_commit_id {previous!r} is not the 32 hex digits of an earlier commit",
     )
-    return Manifest(kind, commit_id, schema, arrays, shard_ids, lengths, extra)
+    previous_inherited = extra.get("previous_inherited", [])
+    _require(
+        isinstance(previous_inherited, list)
+        and len(previous_inherited) <= MAX_SHARDS
+        and all(isinstance(c, str) and _COMMIT_ID.match(c) for c in previous_inherited),
+        where,
+        "extra.previous_inherited must be a list of commit ids",
+    )
+    inherited = _inherited(value.get("inherited"), version, commit_id, shard_ids, where)
+    return Manifest(kind, commit_id, schema, arrays, shard_ids, lengths, extra, inherited)
+
+
+def _inherited(
+    value: Any, version: int, commit_id: str, shard_ids: np.ndarray, where: str
+) -> dict[str, list[int]]:
+    """``inherited``: earlier commits and the shards of this version under their prefixes.
+
+    Untrusted: each commit id is 32 hex digits other than this version's (keys stay inside
+    the dataset), each shard is one of this version's and belongs to one commit only.
+    """
+    if value is None:
+        return {}
+    _require(version >= INHERITING_FORMAT_VERSION, where,
+             f"inherited shards need format_version {INHERITING_FORMAT_VERSION}")  # fmt: skip
+    _require(isinstance(value, dict) and len(value) <= MAX_SHARDS, where, "bad inherited")
+    known = set(shard_ids.tolist())
+    seen: set[int] = set()
+    out: dict[str, list[int]] = {}
+    for commit, shards in value.items():
+        _require(
+            isinstance(commit, str) and bool(_COMMIT_ID.match(commit)) and commit != commit_id,
+            where,
+            f"inherited commit {commit!r:.80} is not the 32 hex digits of an earlier commit",
+        )
+        listed = _int_list(shards, f"{where} inherited shards of {commit}")
+        _require(
+            set(listed) <= known and not seen & set(listed) and len(set(listed)) == len(listed),
+            where,
+            f"inherited shards of {commit} must be distinct shards of this version",
+        )
+        seen.update(listed)
+        out[commit] = listed
+    return out
 
 
 def _check_viewed_arrays(
