@@ -57,6 +57,9 @@ class TemporalRecords:
         Fields each record returns (default: all).
     """
 
+    #: The loader's kind (``StatefulDataLoader.from_storage``): whole records by index.
+    kind = "temporal_records"
+
     def __init__(
         self,
         storage: Any,
@@ -117,6 +120,10 @@ class TemporalRecords:
         """The records at ``indexes`` of this dataset, as a dataset of their own."""
         chosen = np.asarray(indexes, dtype=np.int64).reshape(-1)
         return TemporalRecords(self.storage, self.ids(chosen.tolist()), fields=self.fields)
+
+    def with_fields(self, fields: Sequence[str] | None) -> TemporalRecords:
+        """These records, returning ``fields`` (all when ``None``)."""
+        return TemporalRecords(self.storage, self.records, fields=fields)
 
     @property
     def frame_counts(self) -> Any:

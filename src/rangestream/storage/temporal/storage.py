@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from rangestream.arguments import positive_integer
-from rangestream.errors import MetadataError, SchemaMismatchError
+from rangestream.arguments import integer, positive_integer
+from rangestream.errors import MetadataError, OutOfRangeError, SchemaMismatchError
 from rangestream.io.local import INLINE_READ_BYTES
 from rangestream.io.range_reader import RangeReader
 from rangestream.io.ranges import ObjectRequest
@@ -558,12 +558,19 @@ class TemporalReader(_TemporalFacts, SyncReader):
     def count_windows(self, frames: int) -> tuple[int, int]:
         """``(records, windows)``: records with at least ``frames`` frames, and distinct
         ``(record, start)`` windows of ``frames`` frames, from the histogram."""
-        frames = positive_integer(frames, "frames")
-        values, records = self.frame_histogram()
-        eligible = values >= frames
-        return int(records[eligible].sum()), int(
-            (records[eligible] * (values[eligible] - frames + 1)).sum()
-        )
+        return _count_windows(self.frame_histogram(), frames)
+
+    def frame_counts_of(self, records: npt.ArrayLike) -> np.ndarray:
+        """Frames of the records ``records`` (an integer array, any order): the index
+        chunks holding them are read (and cached) as for windows, nothing else."""
+        opened = self.opened
+        return opened.run_sync(opened.index.counts_of(_record_array(records)))  # type: ignore[no-any-return]
+
+    def frame_counts_between(self, low: int, high: int) -> np.ndarray:
+        """Frames of records ``[low, high)``, read in bounded pieces (16 bytes a record)."""
+        opened = self.opened
+        low, high = _record_span(low, high, len(opened.index))
+        return opened.run_sync(opened.index.counts(low, high))  # type: ignore[no-any-return]
 
     def read_window(
         self,
@@ -632,6 +639,55 @@ class AsyncTemporalReader(_TemporalFacts, AsyncReader):
         """The whole record (``await reader.get(i)``)."""
         (result,) = await self.read_records([record])
         return result
+
+    # -- the record index, as the sync reader's (see ``TemporalReader``) ---------------------
+    async def frame_histogram(self) -> tuple[np.ndarray, np.ndarray]:
+        """``TemporalReader.frame_histogram`` on the running loop."""
+        opened = await self._opened()
+        return await opened.run(opened.index.histogram())  # type: ignore[no-any-return]
+
+    async def count_windows(self, frames: int) -> tuple[int, int]:
+        """``TemporalReader.count_windows`` on the running loop."""
+        return _count_windows(await self.frame_histogram(), frames)
+
+    async def locate_frames(self, positions: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+        """``TemporalReader.locate_frames`` on the running loop."""
+        opened = await self._opened()
+        return await opened.run(opened.index.locate_frames(np.asarray(positions)))  # type: ignore[no-any-return]
+
+    async def frame_counts_of(self, records: npt.ArrayLike) -> np.ndarray:
+        """``TemporalReader.frame_counts_of`` on the running loop."""
+        opened = await self._opened()
+        return await opened.run(opened.index.counts_of(_record_array(records)))  # type: ignore[no-any-return]
+
+    async def frame_counts_between(self, low: int, high: int) -> np.ndarray:
+        """``TemporalReader.frame_counts_between`` on the running loop."""
+        opened = await self._opened()
+        low, high = _record_span(low, high, len(opened.index))
+        return await opened.run(opened.index.counts(low, high))  # type: ignore[no-any-return]
+
+
+def _count_windows(histogram: tuple[np.ndarray, np.ndarray], frames: int) -> tuple[int, int]:
+    frames = positive_integer(frames, "frames")
+    values, records = histogram
+    eligible = values >= frames
+    return int(records[eligible].sum()), int(
+        (records[eligible] * (values[eligible] - frames + 1)).sum()
+    )
+
+
+def _record_array(records: npt.ArrayLike) -> np.ndarray:
+    array = np.asarray(records)
+    if array.size and array.dtype.kind not in "iu":
+        raise TypeError(f"records must be integers, got dtype {array.dtype}")
+    return array.astype(np.int64).reshape(-1)
+
+
+def _record_span(low: int, high: int, count: int) -> tuple[int, int]:
+    low, high = integer(low, "low"), integer(high, "high")
+    if not 0 <= low <= high <= count:
+        raise OutOfRangeError(f"records [{low}, {high}) are not within the dataset's {count}")
+    return low, high
 
 
 async def _aread_window(
