@@ -14,6 +14,10 @@ writes its own data under a temporary directory and prints plain tables.
 - ``hot``: a bare loop of random 64-frame local windows (features + the small group):
   the compiled copier's guard against truncation (SIGBUS), against no guard and against
   an ``fstat`` per copy.
+- ``draws``: the loader's window draws over N records of 1..40 frames (windows of 16
+  frames, record sampling), drawn from the record index by range against the exact
+  per-record draw (every record's count read once and kept), in the same run: set-up
+  time and memory, then microseconds and index requests per window (batches of 8).
 - ``willneed``: random 64 KiB windows out of mapped files after evicting their pages
   (``posix_fadvise(DONTNEED)``), with and without ``madvise(MADV_WILLNEED)`` on the
   window's pages first.
@@ -35,7 +39,7 @@ import numpy as np
 
 from rangestream import TemporalArrayStorage
 
-PARTS = ("scale", "overfetch", "hot", "willneed")
+PARTS = ("scale", "overfetch", "hot", "willneed", "draws")
 
 
 # -- scale -----------------------------------------------------------------------------------
@@ -256,6 +260,44 @@ def willneed(root: str) -> None:
               f"{min(times[True]) * 1e6:.1f} µs per 64 KiB window (best of 3)")  # fmt: skip
 
 
+def draws(records: list[int], root: str) -> None:
+    from rangestream.loader.temporal import WindowSampler
+
+    print("records | draw | set-up ms, held MiB | µs per window, index requests per window "
+          "(batches of 8, best of 3 runs of 2,000)")  # fmt: skip
+    bulk = _bulk_storage_class()
+    for count in records:
+        path = os.path.join(root, f"draws-{count}")
+        counts = np.random.default_rng(2).integers(1, 41, size=count)
+        with bulk(path).sync_writer() as writer:
+            writer.append(0, counts)
+        del counts
+        for method in ("index", "index-1", "exact"):
+            with TemporalArrayStorage(path).sync_reader() as reader:
+                tracemalloc.start()
+                started = time.perf_counter()
+                sampler = WindowSampler(reader.frame_histogram(), 16)
+                if method == "index-1":  # one proposal per counter per round
+                    sampler.candidates = 1
+                if method == "exact":
+                    sampler.proposal = "exact"
+                    sampler.draw(np.arange(1), seed=0, epoch=0, index=reader)  # reads all
+                setup = time.perf_counter() - started
+                held = tracemalloc.get_traced_memory()[0]
+                tracemalloc.stop()
+                before = reader.stats.by_key_kind.get("record_rows", 0)
+                times = []
+                for run in range(3):
+                    started = time.perf_counter()
+                    for low in range(run * 2000, run * 2000 + 2000, 8):
+                        sampler.draw(np.arange(low, low + 8), seed=0, epoch=0, index=reader)
+                    times.append(time.perf_counter() - started)
+                index = reader.stats.by_key_kind.get("record_rows", 0) - before
+                print(f"{count:>10,} | {method} | {setup * 1e3:8.1f}, {held / 2**20:7.2f} | "
+                      f"{min(times) / 2000 * 1e6:7.1f} (runs {', '.join(f'{t / 2000 * 1e6:.1f}' for t in times)}), "
+                      f"{index / 6000:.2f}")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--records", default="1000,100000,1000000,10000000")
@@ -273,6 +315,9 @@ def main() -> None:
         if "willneed" in parts:
             print()
             willneed(root)
+        if "draws" in parts:
+            print()
+            draws([int(n) for n in args.records.split(",")], root)
 
 
 if __name__ == "__main__":

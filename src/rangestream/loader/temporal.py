@@ -49,14 +49,19 @@ Sampling = Literal["record", "window"]
 #: Below this acceptance rate, rejection would cost more index reads per window than
 #: reading every record's frame count once: draws then use the eligible records' counts.
 MIN_ACCEPTANCE = 1 / 16
-#: Rounds of proposals after which a draw gives up: at ``MIN_ACCEPTANCE`` a counter is
-#: still pending after 2,000 rounds with probability ``(15/16)^2000 < 1e-56``; only an
-#: index whose histogram promises windows its records do not hold gets there.
+#: Proposals after which a draw gives up: at ``MIN_ACCEPTANCE`` a counter is still pending
+#: after 2,000 proposals with probability ``(15/16)^2000 < 1e-56``; only an index whose
+#: histogram promises windows its records do not hold gets there.
 MAX_ROUNDS = 2000
 
-_PROPOSE = 1  # the proposal: a global frame, or a record
-_START = 2  # a start within the proposed record (or within the longest record)
-_ACCEPT = 3  # the coin of a frame proposal under record sampling
+#: The purposes of a proposal's hashes: the proposal (a global frame, or a record), a
+#: start within the proposed record (or the longest), the coin of a frame proposal under
+#: record sampling.
+#: Most proposals per counter asked about in one round.
+MAX_CANDIDATES = 16
+_PURPOSES = np.arange(3, dtype=np.int64)[:, None, None]
+#: Counters times ``MAX_ROUNDS`` times the purposes stay below 2**63.
+_MAX_COUNTER = (1 << 63) // (4 * MAX_ROUNDS)
 _EXACT_RECORD = 4  # the exact per-record draw
 _EXACT_START = 5
 
@@ -201,6 +206,11 @@ class WindowSampler:
         self.acceptance = max(by_frame, by_record)
         if self.acceptance < MIN_ACCEPTANCE:
             self.proposal, self.acceptance = "exact", 1.0
+        #: Proposals per counter per round: one round accepts 9 counters in 10.
+        self.candidates = 1
+        if self.acceptance < 1:
+            wanted = np.ceil(np.log(0.1) / np.log1p(-self.acceptance))
+            self.candidates = int(min(MAX_CANDIDATES, max(1, wanted)))
         #: The index :meth:`draw` asks when given none (``of_counts``: the counts given).
         self.index: Any = None
         self._eligible: np.ndarray | None = None
@@ -233,7 +243,9 @@ class WindowSampler:
             raise LoaderConfigError("draw needs an index: pass index= or use of_counts")
         return answer(self.draws(counters, seed=seed, epoch=epoch), index)
 
-    def draws(self, counters: npt.ArrayLike, *, seed: int, epoch: int) -> Draw:
+    def draws(
+        self, counters: npt.ArrayLike, *, seed: int, epoch: int, candidates: int | None = None
+    ) -> Draw:
         """Windows for sample counters of one epoch, asking the record index as needed.
 
         Parameters
@@ -242,6 +254,10 @@ class WindowSampler:
             Sample numbers within the epoch (non-negative).
         seed, epoch : int
             Select the random stream; equal inputs give equal windows in any process.
+        candidates : int, optional
+            Proposals per counter asked about in one round of index reads (the windows do
+            not depend on it); by default enough for 9 counters in 10 to finish in one
+            round, at most :data:`MAX_CANDIDATES`.
 
         Returns
         -------
@@ -253,19 +269,37 @@ class WindowSampler:
         if self.proposal == "exact":
             records, starts = yield from self._exact(flat, seed, epoch)
         else:
-            records, starts = yield from self._rejection(flat, seed, epoch)
+            if candidates is None:
+                candidates = self.candidates
+            records, starts = yield from self._rejection(flat, seed, epoch, candidates)
         return records.reshape(counters.shape), starts.reshape(counters.shape)
 
-    def _rejection(self, counters: np.ndarray, seed: int, epoch: int) -> Draw:
+    def _rejection(self, counters: np.ndarray, seed: int, epoch: int, candidates: int) -> Draw:
+        """Proposals ``0, 1, 2, ...`` of each counter until one is accepted; ``candidates``
+        of them are asked about per round (the first accepted wins, so the result does not
+        depend on it: fewer rounds of index reads, more entries read per round)."""
+        if counters.size and int(counters.max()) >= _MAX_COUNTER:
+            raise LoaderConfigError(f"sample counters must be below {_MAX_COUNTER}")
         frames = np.int64(self.frames)
         records = np.zeros(counters.shape, dtype=np.int64)
         starts = np.zeros(counters.shape, dtype=np.int64)
         pending = np.arange(counters.size)
-        for attempt in range(MAX_ROUNDS):
-            if not pending.size:
-                return records, starts
-            keys = counters[pending]
-            proposed = keyed_hash(keys, seed, epoch, _PROPOSE, attempt)
+        attempt = 0
+        while pending.size:
+            if attempt >= MAX_ROUNDS:
+                raise CorruptDataError(
+                    f"{pending.size} window(s) of {self.frames} frames were not found in "
+                    f"{MAX_ROUNDS} proposals accepting {self.acceptance:.3f} of them: the "
+                    "record index does not hold the windows its frame histogram counts"
+                )
+            tried = min(candidates, MAX_ROUNDS - attempt)
+            # one hash per (candidate, counter, purpose): proposal j of counter c is the
+            # same whatever the round it is asked in
+            number = counters[pending][None, :] * MAX_ROUNDS + (
+                attempt + np.arange(tried, dtype=np.int64)[:, None]
+            )
+            hashes = keyed_hash(number[None] * 4 + _PURPOSES, seed, epoch)
+            proposed, start_hash, coin = hashes[0].ravel(), hashes[1].ravel(), hashes[2].ravel()
             if self.proposal == "frame":
                 positions = (proposed % np.uint64(self.total_frames)).astype(np.int64)
                 chosen, within = yield ("locate_frames", positions)
@@ -275,27 +309,24 @@ class WindowSampler:
             counts = np.asarray((yield ("frame_counts_of", chosen)), dtype=np.int64)
             if self.sampling == "window":
                 if self.proposal == "record":
-                    span = np.uint64(self.longest - self.frames + 1)
-                    start_hash = keyed_hash(keys, seed, epoch, _START, attempt)
-                    within = (start_hash % span).astype(np.int64)
+                    within = start_hash % np.uint64(self.longest - self.frames + 1)
                 start = np.asarray(within, dtype=np.int64)
                 accepted = start + frames <= counts
             else:
                 accepted = counts >= frames
                 if self.proposal == "frame":  # a record's frames are proposed, not it
-                    coin = keyed_hash(keys, seed, epoch, _ACCEPT, attempt)
                     accepted &= coin % counts.astype(np.uint64) < np.uint64(self.frames)
                 spans = np.maximum(counts - frames + 1, 1).astype(np.uint64)
-                start = (keyed_hash(keys, seed, epoch, _START, attempt) % spans).astype(np.int64)
-            done = pending[accepted]
-            records[done] = chosen[accepted]
-            starts[done] = start[accepted]
-            pending = pending[~accepted]
-        raise CorruptDataError(
-            f"{pending.size} window(s) of {self.frames} frames were not found in {MAX_ROUNDS} "
-            f"rounds of proposals accepting {self.acceptance:.3f} of them: the record index "
-            "does not hold the windows its frame histogram counts"
-        )
+                start = (start_hash % spans).astype(np.int64)
+            accepted = accepted.reshape(tried, pending.size)
+            found = accepted.any(axis=0)
+            first = accepted.argmax(axis=0)[found]
+            flat = first * pending.size + np.flatnonzero(found)
+            records[pending[found]] = chosen[flat]
+            starts[pending[found]] = start[flat]
+            pending = pending[~found]
+            attempt += tried
+        return records, starts
 
     def _exact(self, counters: np.ndarray, seed: int, epoch: int) -> Draw:
         if self._eligible is None:
@@ -331,6 +362,10 @@ class _Windows:
     def __init__(self, index: Any, sampler: WindowSampler, reader: Any, read: Callable[..., Any]):
         self.index = index
         self.sampler = sampler
+        #: Proposals per round of a sync draw: several while the index is in memory (rounds
+        #: of Python work cost more than entries looked up), one when each proposal may
+        #: read an index chunk (a rejected candidate's chunk costs more than a round).
+        self.candidates = None if getattr(index, "index_in_memory", True) else 1
         #: The storage's reader: the loader counts its requests (``source_io``).
         self.storage_reader = reader
         self.read = read
@@ -473,14 +508,18 @@ class TemporalWindowSource:
             yield _Windows(reader, sampler, reader, reader.read_window)
 
     # -- reads --------------------------------------------------------------------------------
-    def _draws(self, reader: _Windows, requests: list[tuple[int, int]]) -> list[tuple[Draw, Any]]:
+    def _draws(
+        self, reader: _Windows, requests: list[tuple[int, int]], candidates: int | None = None
+    ) -> list[tuple[Draw, Any]]:
         """One draw per epoch among ``requests`` (a batch is one epoch's, bar a wrap)."""
         epochs = np.asarray([epoch for epoch, _ in requests], dtype=np.int64)
         counters = np.asarray([counter for _, counter in requests], dtype=np.int64)
         out = []
         for epoch in np.unique(epochs).tolist():
             places = np.flatnonzero(epochs == epoch)
-            draw = reader.sampler.draws(counters[places], seed=self.seed, epoch=epoch)
+            draw = reader.sampler.draws(
+                counters[places], seed=self.seed, epoch=epoch, candidates=candidates
+            )
             out.append((draw, places))
         return out
 
@@ -495,7 +534,7 @@ class TemporalWindowSource:
         return windows
 
     def read_many_sync(self, reader: _Windows, requests: list[tuple[int, int]]) -> list[Any]:
-        draws = self._draws(reader, requests)
+        draws = self._draws(reader, requests, reader.candidates)
         drawn = [(answer(draw, reader.index), (draw, places)) for draw, places in draws]
         windows = self._windows(requests, drawn)
         read, frames = reader.read, self.frames
@@ -504,7 +543,9 @@ class TemporalWindowSource:
         return [read(record, start, frames, self.fields) for record, start in windows]
 
     async def read_many(self, reader: _Windows, requests: list[tuple[int, int]]) -> list[Any]:
-        draws = self._draws(reader, requests)
+        # one proposal per round: index chunks are billed requests here, rounds overlap
+        # with the other batches in flight
+        draws = self._draws(reader, requests, candidates=1)
         drawn = [(await answer_async(draw, reader.index), (draw, places)) for draw, places in draws]
         windows = self._windows(requests, drawn)
         read, frames = reader.read, self.frames

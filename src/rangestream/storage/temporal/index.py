@@ -116,6 +116,7 @@ class RecordIndex:
         self.chunks: dict[int, np.ndarray] = {}
         self._lock = threading.Lock()
         self._frame_starts: np.ndarray | None = None
+        self._whole_counts: tuple[np.ndarray, np.ndarray] | None = None
         self._histogram: tuple[np.ndarray, np.ndarray] | None = None
 
     def __len__(self) -> int:
@@ -322,16 +323,59 @@ class RecordIndex:
             raise OutOfRangeError(
                 f"record {int(bad)} is outside the dataset's {self.count} records [0, {self.count})"
             )
-        chunks = np.unique(records // self.chunk_rows).tolist()
+        whole = yield from self._whole()
+        if whole is not None:
+            return whole[0][records]
+        per_chunk = self.chunk_rows
+        chunk_of = records // per_chunk
+        chunks, inverse = np.unique(chunk_of, return_inverse=True)
+        inverse = inverse.reshape(records.shape)
+        within = records - chunk_of * per_chunk
         out = np.empty(records.shape, dtype=np.int64)
-        for start in range(0, len(chunks), self._max_chunks):
-            batch = chunks[start : start + self._max_chunks]
+        listed = chunks.tolist()
+        for start in range(0, len(listed), self._max_chunks):
+            batch = listed[start : start + self._max_chunks]
             found = yield from self.load(batch)
-            for chunk in batch:
-                entry = found[chunk]
-                mask = records // self.chunk_rows == chunk
-                out[mask] = entry[records[mask] - chunk * self.chunk_rows, 1]
+            # one gather over the batch's chunks laid end to end
+            columns = [found[chunk][:, 1] for chunk in batch]
+            bases = np.zeros(len(batch), dtype=np.int64)
+            bases[1:] = np.cumsum([len(column) for column in columns[:-1]])
+            column = np.concatenate(columns)
+            if len(batch) == len(listed):
+                out[...] = column[bases[inverse] + within]
+            else:
+                mine = (inverse >= start) & (inverse < start + len(batch))
+                out[mine] = column[bases[inverse[mine] - start] + within[mine]]
         return out
+
+    def _whole(self) -> Program[tuple[np.ndarray, np.ndarray] | None]:
+        """Every record's frame count and cumulative end, while the whole index fits in
+        the cache (read once, in one request, and checked against ``frame_starts``); else
+        ``None``: a draw then reads the chunks it touches."""
+        if not self.whole_fits or not self.count:
+            return None
+        whole = self._whole_counts
+        if whole is None:
+            starts = yield from self.frame_starts()
+            found = yield from self.load(range(-(-self.count // self.chunk_rows)))
+            counts = np.concatenate([found[chunk][:, 1] for chunk in sorted(found)])
+            ends = np.cumsum(counts)
+            per_chunk = self.chunk_rows
+            want = np.concatenate([[0], ends[per_chunk - 1 :: per_chunk], ends[-1:]])
+            if len(want) > len(starts):  # the last chunk is full: its end is listed twice
+                want = want[:-1]
+            if not np.array_equal(want, starts):
+                chunk = int(np.flatnonzero(want != starts)[0]) - 1
+                low, high = chunk * per_chunk, min(self.count, (chunk + 1) * per_chunk)
+                raise CorruptDataError(
+                    f"{self.where}: index/frame_starts says records [{low}, {high}) hold "
+                    f"{int(starts[chunk + 1] - starts[chunk])} frames, record_rows "
+                    f"{int(want[chunk + 1] - want[chunk])}"
+                )
+            counts.flags.writeable = False
+            ends.flags.writeable = False
+            whole = self._whole_counts = (counts, ends)
+        return whole
 
     # -- the cumulative index: frames to records ---------------------------------------------
     def frame_starts(self) -> Program[np.ndarray]:
@@ -379,6 +423,12 @@ class RecordIndex:
                 f"frame {int(bad)} is outside the dataset's {total} frames [0, {total})"
             )
         flat = positions.reshape(-1)
+        whole = yield from self._whole()
+        if whole is not None:
+            counts, ends = whole
+            found = np.searchsorted(ends, flat, side="right")
+            within = flat - (ends[found] - counts[found])
+            return found.reshape(positions.shape), within.reshape(positions.shape)
         chunk_of = np.searchsorted(starts, flat, side="right") - 1
         records = np.empty(flat.shape, dtype=np.int64)
         within = np.empty(flat.shape, dtype=np.int64)

@@ -560,6 +560,12 @@ class TemporalReader(_TemporalFacts, SyncReader):
         ``(record, start)`` windows of ``frames`` frames, from the histogram."""
         return _count_windows(self.frame_histogram(), frames)
 
+    @property
+    def index_in_memory(self) -> bool:
+        """Whether the whole record index fits in the index cache (``index_cache_bytes``):
+        read once, then every index question is answered from memory."""
+        return bool(self.opened.index.whole_fits)
+
     def frame_counts_of(self, records: npt.ArrayLike) -> np.ndarray:
         """Frames of the records ``records`` (an integer array, any order): the index
         chunks holding them are read (and cached) as for windows, nothing else."""
