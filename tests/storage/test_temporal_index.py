@@ -328,3 +328,30 @@ def test_a_histogram_that_does_not_count_every_record_is_refused(tmp_path: Path)
     (folder / "zarr.json").write_text(json.dumps(document))
     with pytest.raises(MetadataError, match=r"length 1000000000000 is not in \[0, 4300\]"):
         TemporalArrayStorage(tmp_path / "ds").frame_histogram()
+
+
+def test_an_append_rewrites_the_cumulative_index_and_histogram_of_every_record(
+    tmp_path: Path,
+) -> None:
+    """An append adds shards without copying the old ones; the record index, cumulative
+    index and histogram of the new version cover the old records and the appended ones."""
+    from support.temporal import BulkTemporalStorage
+
+    url = str(tmp_path / "ds")
+    write_bulk(url, COUNTS[:2])
+    with BulkTemporalStorage(url).sync_writer(mode="append") as writer:
+        writer.append(0, {"counts": COUNTS[2]})
+    storage = small_cache(url)
+    starts = np.concatenate([[0], np.cumsum(ALL)])
+    assert len(storage) == len(ALL) and storage.total_frames == int(starts[-1])
+    values, records = storage.frame_histogram()
+    want_values, want_records = np.unique(ALL, return_counts=True)
+    assert np.array_equal(values, want_values) and np.array_equal(records, want_records)
+    positions = np.random.default_rng(27).integers(0, int(starts[-1]), size=300)
+    found, within = storage.locate_frames(positions)
+    want = np.searchsorted(starts, positions, side="right") - 1
+    assert np.array_equal(found, want) and np.array_equal(within, positions - starts[want])
+    record = len(ALL) - 5  # an appended record: its shard's frames start at 0
+    got = storage.read_window(record, 0, int(ALL[record]))
+    first = int(COUNTS[2][: record - 2200].sum())
+    assert np.array_equal(got["x"], (np.arange(first, first + ALL[record]) % 251).astype(np.uint8))
