@@ -192,6 +192,8 @@ def test_a_damaged_index_chunk_fails_the_windows_that_need_it_by_name(tmp_path: 
         storage.read_window(601, 0, 1)
     with pytest.raises(OSError):  # a storage error, as LitData users catch them
         storage.read_window(700, 0, 1)
+    with pytest.raises(CorruptDataError, match="record 600 ends at row 1000000000"):
+        small_cache(url).frame_counts[[5, 3000, 601]]  # three chunks read and checked together
     got = storage.read_window(3, 0, int(ALL[3]))  # chunk 0 is intact
     assert np.array_equal(got["x"], window_truth(3, 0, int(ALL[3])))
 

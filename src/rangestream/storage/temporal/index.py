@@ -19,6 +19,7 @@ of it in one request instead, so small datasets read their index once, as before
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -239,22 +240,38 @@ class RecordIndex:
         assert self.rows is not None
         reads = [RowRead.whole(self.rows, low, high) for low, high in spans]
         yield reads
-        return [
-            self._checked(low, read.target.reshape(-1).view(_INT64).reshape(-1, 2))
-            for (low, _high), read in zip(spans, reads, strict=True)
-        ]
+        # every span checked in one pass (a draw reads a few scattered chunks per step)
+        rows = [read.target.reshape(-1).view(_INT64).reshape(-1, 2) for read in reads]
+        if len(rows) == 1:
+            return [self._checked(spans[0][0], rows[0])]
+        records = np.concatenate([np.arange(low, high, dtype=np.int64) for low, high in spans])
+        entries = self._checked(spans[0][0], np.concatenate(rows), records)
+        bounds = np.cumsum([0, *(high - low for low, high in spans)])
+        return [entries[a:b] for a, b in itertools.pairwise(bounds.tolist())]
 
-    def _checked(self, low: int, rows: np.ndarray) -> np.ndarray:
-        """Entries of records ``low, low + 1, ...`` from their stored ``rows`` (untrusted)."""
-        parts = self.check_rows(low, rows)
+    def _checked(self, low: int, rows: np.ndarray, records: np.ndarray | None = None) -> np.ndarray:
+        """Entries of records ``low, low + 1, ...`` (or ``records``) from their stored
+        ``rows`` (untrusted)."""
+        parts = self.check_rows(low, rows, records=records)
         return np.stack([rows[:, 0], rows[:, 1] - rows[:, 0], parts], axis=1).astype(np.int64)
 
-    def check_rows(self, low: int, rows: np.ndarray, previous_end: int | None = None) -> np.ndarray:
+    def check_rows(
+        self,
+        low: int,
+        rows: np.ndarray,
+        previous_end: int | None = None,
+        *,
+        records: np.ndarray | None = None,
+    ) -> np.ndarray:
         """Check the stored ``(first_row, end_row)`` of records ``low, low + 1, ...``
         (untrusted) and return their parts. ``previous_end``: where the record before
-        ``low`` ends, if it is in the same shard (``0`` at a shard's first record)."""
+        ``low`` ends, if it is in the same shard (``0`` at a shard's first record).
+        ``records``: the rows' record numbers, ascending, when they are not consecutive
+        (rows of consecutive records only are checked against each other)."""
         where = self.where
-        records = np.arange(low, low + len(rows), dtype=np.int64)
+        consecutive = records is None
+        if records is None:
+            records = np.arange(low, low + len(rows), dtype=np.int64)
         parts = np.searchsorted(self.part_bounds, records, side="right") - 1
         firsts, ends = rows[:, 0], rows[:, 1]
         if previous_end is not None and len(rows) and int(firsts[0]) < previous_end:
@@ -266,25 +283,30 @@ class RecordIndex:
         if len(rows) and int(counts.min()) <= 0:
             bad = int(np.flatnonzero(counts <= 0)[0])
             raise CorruptDataError(
-                f"{where}: record {low + bad} has {int(counts[bad])} frames in the record index"
+                f"{where}: record {int(records[bad])} has {int(counts[bad])} frames in the "
+                "record index"
             )
         if len(rows) and int(firsts.min()) < 0:
             bad = int(np.flatnonzero(firsts < 0)[0])
-            raise CorruptDataError(f"{where}: record {low + bad} starts at row {int(firsts[bad])}")
+            raise CorruptDataError(
+                f"{where}: record {int(records[bad])} starts at row {int(firsts[bad])}"
+            )
         limits = self.part_rows[parts]
         if bool((ends > limits).any()):
             bad = int(np.flatnonzero(ends > limits)[0])
             raise CorruptDataError(
-                f"{where}: record {low + bad} ends at row {int(ends[bad])}, past the "
+                f"{where}: record {int(records[bad])} ends at row {int(ends[bad])}, past the "
                 f"{int(limits[bad])} rows of its shard's group arrays"
             )
         # within a shard, a record starts at or after the end of the one before it
         same = parts[1:] == parts[:-1]
+        if not consecutive:
+            same &= records[1:] == records[:-1] + 1
         overlap = same & (firsts[1:] < ends[:-1])
         if bool(overlap.any()):
             bad = int(np.flatnonzero(overlap)[0]) + 1
             raise CorruptDataError(
-                f"{where}: record {low + bad} starts at row {int(firsts[bad])}, before row "
+                f"{where}: record {int(records[bad])} starts at row {int(firsts[bad])}, before row "
                 f"{int(ends[bad - 1])} where the record before it ends"
             )
         return parts
