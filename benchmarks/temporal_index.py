@@ -263,8 +263,9 @@ def willneed(root: str) -> None:
 def draws(records: list[int], root: str) -> None:
     from rangestream.loader.temporal import WindowSampler
 
-    print("records | draw | set-up ms, held MiB | µs per window, index requests per window "
-          "(batches of 8, best of 3 runs of 2,000)")  # fmt: skip
+    print("records | draw (index: proposals a round as the sampler chooses; index-1: one) | "
+          "set-up ms, held MiB | µs per window, index requests per window (batches of 8, "
+          "best of 3 runs of 2,000)")  # fmt: skip
     bulk = _bulk_storage_class()
     for count in records:
         path = os.path.join(root, f"draws-{count}")
@@ -293,8 +294,9 @@ def draws(records: list[int], root: str) -> None:
                         sampler.draw(np.arange(low, low + 8), seed=0, epoch=0, index=reader)
                     times.append(time.perf_counter() - started)
                 index = reader.stats.by_key_kind.get("record_rows", 0) - before
+                runs = ", ".join(f"{t / 2000 * 1e6:.1f}" for t in times)
                 print(f"{count:>10,} | {method} | {setup * 1e3:8.1f}, {held / 2**20:7.2f} | "
-                      f"{min(times) / 2000 * 1e6:7.1f} (runs {', '.join(f'{t / 2000 * 1e6:.1f}' for t in times)}), "
+                      f"{min(times) / 2000 * 1e6:7.1f} (runs {runs}), "
                       f"{index / 6000:.2f}")  # fmt: skip
 
 
