@@ -486,3 +486,20 @@ def test_whole_records_refuse_options_of_windows() -> None:
         StatefulDataLoader.from_storage(records, shuffle="block", rank=0, world_size=1)
     with pytest.raises(LoaderConfigError, match="samples_per_epoch do"):
         StatefulDataLoader.from_storage(records, samples_per_epoch=3, rank=0, world_size=1)
+
+
+def test_a_mixture_of_splits_draws_windows_of_each_in_proportion(tmp_path: Path) -> None:
+    """Two splits of one dataset mixed 3:1 as windows: every window comes from its own
+    split's records, and the counts per source are the mixture's."""
+    from rangestream import train_test_split
+
+    storage = write_tracks(Location(str(tmp_path / "ds"), {}))
+    first, second = train_test_split(storage, [0.5, 0.5], seed=4)
+    ids = [{TRACK_ORDER[s.record_id(i)] for i in range(len(s))} for s in (first, second)]
+    loader = StatefulDataLoader.from_storages(
+        {first: 3.0, second: 1.0}, _with_io, names={first: "a", second: "b"},
+        sequence_length=2, num_samples=40, batch_size=4, num_workers=0, rank=0, world_size=1,
+    )  # fmt: skip
+    drawn = [int(w["record"][0]) for batch, _pid, _io in loader for w in batch]
+    assert len(drawn) == 40
+    assert sum(r in ids[0] for r in drawn) == 30 and sum(r in ids[1] for r in drawn) == 10
