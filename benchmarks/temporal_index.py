@@ -18,6 +18,9 @@ writes its own data under a temporary directory and prints plain tables.
   frames, record sampling), drawn from the record index by range against the exact
   per-record draw (every record's count read once and kept), in the same run: set-up
   time and memory, then microseconds and index requests per window (batches of 8).
+- ``worker``: a DataLoader worker drawing 800 windows of 3 frames over N records of
+  1, 2, 3, 1, ... frames (written in shards of at most 10^7 records): what the loader's
+  process reads to count the epoch, and the worker's memory held and requests by kind.
 - ``willneed``: random 64 KiB windows out of mapped files after evicting their pages
   (``posix_fadvise(DONTNEED)``), with and without ``madvise(MADV_WILLNEED)`` on the
   window's pages first.
@@ -39,7 +42,7 @@ import numpy as np
 
 from rangestream import TemporalArrayStorage
 
-PARTS = ("scale", "overfetch", "hot", "willneed", "draws")
+PARTS = ("scale", "overfetch", "hot", "willneed", "draws", "worker")
 
 
 # -- scale -----------------------------------------------------------------------------------
@@ -300,6 +303,45 @@ def draws(records: list[int], root: str) -> None:
                       f"{index / 6000:.2f}")  # fmt: skip
 
 
+def _trace_memory(worker_id: int) -> None:
+    tracemalloc.start()
+
+
+def _worker_costs(samples: list[Any]) -> tuple[int, int, Any]:
+    from rangestream.io import process_io_stats
+
+    return len(samples), tracemalloc.get_traced_memory()[0], process_io_stats()
+
+
+def worker(records: list[int], root: str) -> None:
+    import itertools
+
+    from rangestream.loader import StatefulDataLoader
+
+    print("records | write s | loader process: requests, bytes | worker after 800 windows: "
+          "held MiB, requests by kind, bytes by kind")  # fmt: skip
+    bulk = _bulk_storage_class()
+    for count in records:
+        path = os.path.join(root, f"worker-{count}")
+        started = time.perf_counter()
+        with bulk(path).sync_writer() as writer:
+            for shard, low in enumerate(range(0, count, 10**7)):
+                high = min(count, low + 10**7)
+                writer.append(shard, 1 + np.arange(low, high, dtype=np.int64) % 3)
+        written = time.perf_counter() - started
+        storage = TemporalArrayStorage(path)
+        loader = StatefulDataLoader.from_storage(
+            storage, _worker_costs, sequence_length=3, batch_size=8, num_workers=1,
+            head_start=False, worker_init_fn=_trace_memory, rank=0, world_size=1,
+        )  # fmt: skip
+        len(loader)
+        opened = storage.stats
+        *_, (_size, held, stats) = itertools.islice(loader, 100)
+        print(f"{count:>11,} | {written:5.1f} | {opened.requests}, {opened.bytes:,} | "
+              f"{held / 2**20:.2f}, {stats.by_key_kind}, {stats.bytes_by_key_kind}")  # fmt: skip
+        del loader
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--records", default="1000,100000,1000000,10000000")
@@ -320,6 +362,9 @@ def main() -> None:
         if "draws" in parts:
             print()
             draws([int(n) for n in args.records.split(",")], root)
+        if "worker" in parts:
+            print()
+            worker([int(n) for n in args.records.split(",")], root)
 
 
 if __name__ == "__main__":
