@@ -4,7 +4,7 @@ Datasets are Zarr v3 groups of sharded arrays; readers fetch exactly the byte ra
 window needs with bounded concurrent range requests.
 """
 
-from rangestream.dataset import DocumentDataset, StreamDataset
+from rangestream.dataset import DocumentDataset, StreamDataset, TemporalRecords, train_test_split
 from rangestream.errors import RangestreamError
 from rangestream.formats import DocumentPickleFormat, RecordField, RecordFormat, StreamNumpyFormat
 from rangestream.ingest import convert, write, write_records
@@ -45,9 +45,11 @@ __all__ = [
     "StreamStorage",
     "StreamWithMetaStorage",
     "TemporalArrayStorage",
+    "TemporalRecords",
     "WriteSession",
     "convert",
     "set_process_max_concurrency",
+    "train_test_split",
     "write",
     "write_records",
 ]

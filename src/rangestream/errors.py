@@ -3,7 +3,10 @@
 Every failure the library detects is raised as one of these, so callers can catch
 ``RangestreamError`` and know the message names the object, key or value at fault.
 Several also derive from the matching builtin (``FileNotFoundError``, ``ValueError``,
-``IndexError``) so code written against the builtins keeps working.
+``IndexError``) so code written against the builtins keeps working. Every error that comes
+from what storage holds or answers (damaged, missing or truncated objects, bad stored
+metadata, failed requests) is also an ``OSError``, as a failed read of a file is: code that
+catches ``OSError`` around reads (LitData users' code does) sees them.
 """
 
 from __future__ import annotations
@@ -46,8 +49,12 @@ class CommitConflictError(CommitError):
     committed one. Its objects stay under ``data/<commit>/`` until ``rangestream gc``."""
 
 
-class CorruptDataError(RangestreamError, ValueError):
-    """Stored bytes or metadata are damaged or inconsistent."""
+class CorruptDataError(RangestreamError, ValueError, OSError):
+    """Stored bytes or metadata are damaged or inconsistent.
+
+    Also an ``OSError`` (it comes from storage, like a failed read) and still a
+    ``ValueError`` (as it always was), as ``io.UnsupportedOperation`` is both.
+    """
 
 
 class ChecksumError(CorruptDataError):

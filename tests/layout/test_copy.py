@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import mmap
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -198,3 +199,56 @@ def test_a_piece_outside_its_source_or_target_is_refused_before_anything(
     assert counter == [0, 0] and (target == 0xEE).all()
     with pytest.raises((TypeError, ValueError, BufferError)):
         copy_piece(source, ((bytes(320), 0, 16),), 0, 20, 8, stored, 16, verified, counter)
+
+
+def test_a_piece_whose_file_is_shorter_now_is_gone_and_not_counted(
+    copy_piece: row_copy.CopyPiece,
+) -> None:
+    """``size_now`` says the file was cut before the piece's end (a small source: the
+    piece ends in its last page, so even the compiled copier asks)."""
+    rows = np.arange(64 * 16, dtype=np.uint8).reshape(64, 16)
+    source, stored = block_of(rows, 8)
+    counter = [0, 0]
+    verified = bytearray(b"\x01" * 8)
+    target = np.zeros((20, 16), np.uint8)
+    args = (source, ((target, 0, 16),), 10, 20, 8, stored, 16, verified, counter)
+    assert copy_piece(*args, lambda: 3 * stored) == 3  # rows 10..29 need chunks 1..3
+    assert counter == [0, 0]
+    assert copy_piece(*args, lambda: 4 * stored) == 0  # still there
+    assert counter == [1, 3 * stored]
+    np.testing.assert_array_equal(target, rows[10:30])
+
+
+def _copy_out_of_a_truncated_mapping(path: str, queue: Any) -> None:
+    page = mmap.PAGESIZE
+    with open(path, "rb") as handle:
+        mapping = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+    data = np.frombuffer(mapping, dtype=np.uint8)
+    stored = page  # one "chunk" per page: rows of page - 4 bytes
+    results = []
+    with open(path, "r+b") as handle:
+        handle.truncate(page + 100)  # page 0 whole, page 1 cut, pages 2.. gone
+    for chunk in (3, 1, 0):  # wholly past the end; in the cut page; before the cut
+        target = np.zeros(page - 4, np.uint8)
+        status = row_copy.copy_piece(data, ((target, 0, page - 4),), chunk, 1, 1, stored,
+                                     page - 4, None, [0, 0], mapping.size)  # fmt: skip
+        results.append((status, bool((target == (chunk % 251)).all())))
+    queue.put(results)
+
+
+def test_the_compiled_copier_survives_a_mapping_truncated_under_it(tmp_path: Path) -> None:
+    """A page wholly past the new end faults (SIGBUS): the guard turns it into status 3;
+    the cut page would read as zeros: the byte read past the piece faults, status 3 too."""
+    import multiprocessing
+
+    assert row_copy.compiled(), NOT_BUILT
+    page = mmap.PAGESIZE
+    path = tmp_path / "block"
+    path.write_bytes(b"".join(bytes([k % 251]) * page for k in range(6)))
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_copy_out_of_a_truncated_mapping, args=(str(path), queue))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0, f"the copier died (exit code {child.exitcode}, -7 is SIGBUS)"
+    assert queue.get(timeout=5) == [(3, False), (3, False), (0, True)]

@@ -166,6 +166,23 @@ def test_a_block_shorter_than_its_layout_is_reported_by_the_generic_path(tmp_pat
             reader.read(64 + 40, 10)
 
 
+def test_a_block_truncated_while_mapped_is_reported_not_read_as_zeros(tmp_path: Path) -> None:
+    """Block 1 of shard 0 is mapped and its chunks verified, then cut inside chunk 2: the
+    mapping still covers the old size, and the cut bytes of its last page read as zeros."""
+    truth = write(tmp_path / "ds")
+    storage = StreamStorage(tmp_path / "ds", StreamNumpyFormat(TOKENS))
+    with storage.sync_reader() as reader:
+        reader.read_many([(64, 30), (94, 34)])  # block 1 whole: mapped, every chunk verified
+        key = reader.opened.manifest.array_key(0, "stream") + "/c/1/0"
+        with open(reader.opened.store.local_path(key), "r+b") as handle:
+            handle.truncate(2 * STORED_CHUNK + 10)
+        got = reader.read_many([(64, 10), (80, 12)])  # chunks 0 and 1: still there
+        for (start, length), window in zip([(64, 10), (80, 12)], got, strict=True):
+            np.testing.assert_array_equal(window["tokens"], truth["tokens"][start : start + length])
+        with pytest.raises(TruncatedObjectError, match="shorter than the dataset's metadata"):
+            reader.read_many([(64 + 33, 4), (64 + 50, 4)])  # chunks 2 and 3: cut
+
+
 def _read_in_child(reader: Any, start: int, length: int, queue: Any) -> None:
     queue.put((os.getpid(), reader.read(start, length)["tokens"].tolist()))
 

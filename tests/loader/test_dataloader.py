@@ -701,7 +701,9 @@ def test_real_temporal_windows_match_the_records_they_were_drawn_from(tmp_path: 
         per_rank.append(list(loader))
     got = [(batch["frame"][row], batch["pose"][row]) for step in zip(*per_rank, strict=True)
            for batch in step for row in range(5)]  # fmt: skip
-    records_drawn, starts = WindowSampler(frame_counts, 4).draw(np.arange(20), seed=SEED, epoch=0)
+    records_drawn, starts = WindowSampler.of_counts(frame_counts, 4).draw(
+        np.arange(20), seed=SEED, epoch=0
+    )
     assert len(got) == 20
     for (frames, pose), record, start in zip(got, records_drawn, starts, strict=True):
         assert frames.tolist() == list(range(start, start + 4))

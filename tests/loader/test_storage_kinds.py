@@ -29,7 +29,13 @@ def clean_registry() -> Iterator[None]:
 
 
 def test_the_four_storage_kinds_are_registered() -> None:
-    assert registered_kinds() == ["document", "stream", "stream_with_meta", "temporal"]
+    assert registered_kinds() == [
+        "document",
+        "stream",
+        "stream_with_meta",
+        "temporal",
+        "temporal_records",
+    ]
 
 
 def test_storage_kind_reads_the_kind_attribute() -> None:

@@ -1,11 +1,21 @@
 from __future__ import annotations
 
+import asyncio
+import itertools
+import os
+import tracemalloc
 from collections import Counter
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+from support.s3 import Location
+from support.temporal import write_bulk
 
-from rangestream.errors import LoaderConfigError, StateError
+from rangestream import TemporalArrayStorage
+from rangestream.errors import CorruptDataError, LoaderConfigError, StateError
+from rangestream.io import process_io_stats
 from rangestream.loader import (
     BatchIterableDataset,
     BatchOptions,
@@ -13,8 +23,9 @@ from rangestream.loader import (
     TemporalWindowSource,
     WindowSampler,
 )
+from rangestream.loader.temporal import CountsIndex, answer, answer_async
 
-from .expected import flatten
+from .expected import epoch_order, flatten
 from .fakes import FakeTemporalStorage
 
 FRAME_COUNTS = [3, 10, 1, 6, 8, 2, 12, 5]  # frames >= 5: records 1, 3, 4, 6, 7
@@ -28,14 +39,16 @@ def windows_of(batch: dict[str, np.ndarray]) -> list[tuple[int, int]]:
 
 
 def test_drawn_windows_lie_inside_eligible_records() -> None:
-    records, starts = WindowSampler(FRAME_COUNTS, FRAMES).draw(np.arange(5000), seed=1, epoch=0)
+    records, starts = WindowSampler.of_counts(FRAME_COUNTS, FRAMES).draw(
+        np.arange(5000), seed=1, epoch=0
+    )
     counts = np.asarray(FRAME_COUNTS)
     assert set(records.tolist()) == set(ELIGIBLE)
     assert (starts >= 0).all() and (starts + FRAMES <= counts[records]).all()
 
 
 def test_a_draw_depends_only_on_seed_epoch_and_counter() -> None:
-    sampler = WindowSampler(FRAME_COUNTS, FRAMES)
+    sampler = WindowSampler.of_counts(FRAME_COUNTS, FRAMES)
     block = sampler.draw(np.arange(100, 200), seed=4, epoch=2)
     one_by_one = [sampler.draw(np.array([i]), seed=4, epoch=2) for i in range(100, 200)]
     assert block[0].tolist() == [int(r[0]) for r, _ in one_by_one]
@@ -45,13 +58,15 @@ def test_a_draw_depends_only_on_seed_epoch_and_counter() -> None:
 
 
 def test_record_sampling_draws_eligible_records_uniformly() -> None:
-    records, _ = WindowSampler(FRAME_COUNTS, FRAMES).draw(np.arange(50_000), seed=0, epoch=0)
+    records, _ = WindowSampler.of_counts(FRAME_COUNTS, FRAMES).draw(
+        np.arange(50_000), seed=0, epoch=0
+    )
     counts = Counter(records.tolist())
     assert all(abs(counts[r] - 10_000) < 400 for r in ELIGIBLE), counts
 
 
 def test_window_sampling_draws_every_valid_window_uniformly() -> None:
-    sampler = WindowSampler(FRAME_COUNTS, FRAMES, sampling="window")
+    sampler = WindowSampler.of_counts(FRAME_COUNTS, FRAMES, sampling="window")
     records, starts = sampler.draw(np.arange(63_000), seed=0, epoch=0)
     valid = [(r, s) for r in ELIGIBLE for s in range(FRAME_COUNTS[r] - FRAMES + 1)]
     assert sampler.num_windows == len(valid) == 21
@@ -62,7 +77,7 @@ def test_window_sampling_draws_every_valid_window_uniformly() -> None:
 
 def test_no_eligible_record_is_a_clear_error() -> None:
     with pytest.raises(LoaderConfigError, match=r"no record has 13 frames.*longest: 12"):
-        WindowSampler(FRAME_COUNTS, 13)
+        WindowSampler.of_counts(FRAME_COUNTS, 13)
 
 
 def make_temporal(
@@ -77,7 +92,7 @@ def make_temporal(
 
 
 def expected_windows(epoch: int, counters: list[int]) -> list[tuple[int, int]]:
-    records, starts = WindowSampler(FRAME_COUNTS, FRAMES).draw(
+    records, starts = WindowSampler.of_counts(FRAME_COUNTS, FRAMES).draw(
         np.array(counters), seed=7, epoch=epoch
     )
     return list(zip(records.tolist(), starts.tolist(), strict=True))
@@ -161,3 +176,330 @@ def test_from_storage_refuses_options_that_do_not_apply_to_temporal_records(
         StatefulDataLoader.from_storage(
             FakeTemporalStorage(FRAME_COUNTS), rank=0, world_size=1, **options
         )
+
+
+# -- every proposal of the sampler ---------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("counts", "frames", "sampling", "proposal"),
+    [
+        (FRAME_COUNTS, FRAMES, "record", "record"),
+        ([5, 5, 5, 1, 1, 1, 1, 1, 1, 1], 5, "record", "frame"),
+        (FRAME_COUNTS, FRAMES, "window", "frame"),
+        ([6] * 8, 5, "window", "record"),
+        ([100] + [1] * 2000, 50, "record", "exact"),
+        ([100, 60] + [1] * 2000, 50, "window", "exact"),
+    ],
+)
+def test_every_proposal_draws_its_policy_uniformly(
+    counts: list[int], frames: int, sampling: str, proposal: str
+) -> None:
+    """Whichever proposal the histogram selects, each valid window is drawn with the
+    policy's probability: 1 / windows (``"window"``), or 1 / (eligible records x the
+    record's starts) (``"record"``), checked cell by cell against a numpy count."""
+    sampler = WindowSampler.of_counts(counts, frames, sampling=sampling)  # type: ignore[arg-type]
+    assert sampler.proposal == proposal
+    lengths = np.asarray(counts)
+    eligible = np.flatnonzero(lengths >= frames)
+    valid = {(int(r), s): 0.0 for r in eligible for s in range(int(lengths[r]) - frames + 1)}
+    for record, start in valid:
+        spans = int(lengths[record]) - frames + 1
+        valid[(record, start)] = (
+            1 / len(valid) if sampling == "window" else 1 / (eligible.size * spans)
+        )
+    draws = int(400 / min(valid.values()))
+    records, starts = sampler.draw(np.arange(draws), seed=3, epoch=1)
+    seen = Counter(zip(records.tolist(), starts.tolist(), strict=True))
+    assert set(seen) == set(valid)
+    for cell, probability in valid.items():
+        expected = probability * draws
+        assert abs(seen[cell] - expected) < 5 * np.sqrt(expected), (cell, seen[cell], expected)
+
+
+@pytest.mark.parametrize("sampling", ["record", "window"])
+def test_the_proposals_asked_per_round_change_the_cost_not_the_windows(sampling: str) -> None:
+    counts = np.random.default_rng(5).integers(1, 30, size=300)
+    sampler = WindowSampler.of_counts(counts, 12, sampling=sampling)  # type: ignore[arg-type]
+    assert sampler.acceptance < 1 and sampler.candidates > 1
+    index = CountsIndex(counts)
+    draws = [
+        answer(sampler.draws(np.arange(500), seed=2, epoch=3, candidates=k), index)
+        for k in (1, 3, sampler.candidates)
+    ]
+    for records, starts in draws[1:]:
+        assert np.array_equal(records, draws[0][0]) and np.array_equal(starts, draws[0][1])
+
+
+def test_a_histogram_that_promises_windows_the_records_lack_fails_by_name() -> None:
+    """A hostile index: the histogram counts records of 8 frames, the records have 2."""
+    sampler = WindowSampler((np.asarray([8]), np.asarray([4])), 5)
+    with pytest.raises(CorruptDataError, match="does not hold the windows"):
+        sampler.draw(np.arange(3), seed=0, epoch=0, index=CountsIndex([2, 2, 2, 2]))
+
+
+# -- drawing from a real record index, read by range ----------------------------------------------
+BULK_COUNTS = [np.random.default_rng(31).integers(1, 41, size=n) for n in (1500, 700, 2100)]
+BULK_ALL = np.concatenate(BULK_COUNTS)
+
+
+@pytest.mark.parametrize(("frames", "sampling"), [(20, "record"), (20, "window"), (39, "record")])
+def test_draws_from_the_index_read_by_range_equal_draws_from_the_counts(
+    tmp_path: Path, frames: int, sampling: str
+) -> None:
+    """The storage's readers, sync and async, answer a draw's questions by range (an index
+    cache of two chunks of 512 records, 4,300 records): the windows equal those drawn
+    from the frame counts in memory."""
+    url = str(tmp_path / "ds")
+    write_bulk(url, BULK_COUNTS)
+    storage = TemporalArrayStorage(url, index_cache_bytes=2 * 512 * 24)
+    truth = WindowSampler.of_counts(BULK_ALL, frames, sampling=sampling)  # type: ignore[arg-type]
+    counters = np.arange(3000, 3400)
+    want = truth.draw(counters, seed=9, epoch=4)
+    with storage.sync_reader() as reader:
+        sampler = WindowSampler(reader.frame_histogram(), frames, sampling=sampling)  # type: ignore[arg-type]
+        assert sampler.proposal == truth.proposal
+        got = sampler.draw(counters, seed=9, epoch=4, index=reader)
+
+    async def drawn_async() -> tuple[np.ndarray, np.ndarray]:
+        async with storage.async_reader() as reader:
+            sampler = WindowSampler(await reader.frame_histogram(), frames, sampling=sampling)  # type: ignore[arg-type]
+            return await answer_async(sampler.draws(counters, seed=9, epoch=4), reader)
+
+    got_async = asyncio.run(drawn_async())
+    for pair in (got, got_async):
+        assert np.array_equal(pair[0], want[0]) and np.array_equal(pair[1], want[1])
+    assert (BULK_ALL[want[0]] >= frames).all() and (want[1] + frames <= BULK_ALL[want[0]]).all()
+
+
+SCALE_RECORDS = 10**7
+
+
+@pytest.fixture(scope="module")
+def ten_million(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, np.ndarray]:
+    path = str(tmp_path_factory.mktemp("scale") / "ds")
+    counts = 1 + np.arange(SCALE_RECORDS, dtype=np.int64) % 3  # 1, 2, 3, 1, 2, 3, ...
+    write_bulk(path, [counts])
+    return path, counts
+
+
+def _trace_memory(worker_id: int) -> None:
+    tracemalloc.start()
+
+
+def _with_worker_costs(samples: list[dict[str, Any]]) -> tuple[list[Any], int, int, Any]:
+    held, _peak = tracemalloc.get_traced_memory()
+    return samples, os.getpid(), held, process_io_stats()
+
+
+class CyclicCounts:
+    """The index questions of records of 1, 2, 3, 1, 2, 3, ... frames, in closed form (the
+    ground truth of the scale tests: no per-record array)."""
+
+    OFFSETS = np.asarray([0, 1, 3])  # first frame of each record of a triple
+
+    def __init__(self, records: int) -> None:
+        self.records = records
+
+    def frame_histogram(self) -> tuple[np.ndarray, np.ndarray]:
+        per = [(self.records - j + 2) // 3 for j in range(3)]
+        return np.asarray([1, 2, 3]), np.asarray(per)
+
+    def locate_frames(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        triple, rest = np.divmod(positions, 6)
+        offset = np.select([rest < 1, rest < 3], [0, 1], 2)
+        return 3 * triple + offset, rest - self.OFFSETS[offset]
+
+    def frame_counts_of(self, records: np.ndarray) -> np.ndarray:
+        return 1 + records % 3
+
+    def first_frame(self, record: int) -> int:
+        return 6 * (record // 3) + int(self.OFFSETS[record % 3])
+
+
+def test_a_worker_draws_windows_over_ten_million_records_without_per_record_memory(
+    ten_million: tuple[str, np.ndarray],
+) -> None:
+    """The loader counts an epoch from the histogram alone, and a DataLoader worker draws
+    800 windows of 3 frames (records of 3 frames: one in three, proposed by global frame)
+    holding at most 16 MB, reading the cumulative index and the index chunks it touches,
+    never the record index whole (160 MB)."""
+    path, _counts = ten_million
+    storage = TemporalArrayStorage(path)
+    loader = StatefulDataLoader.from_storage(
+        storage, _with_worker_costs, sequence_length=3, batch_size=8, num_workers=1,
+        head_start=False, worker_init_fn=_trace_memory, rank=0, world_size=1,
+    )  # fmt: skip
+    assert len(loader) == SCALE_RECORDS // 3 // 8  # records of 3 frames, batches of 8
+    assert storage.stats.by_key_kind == {"zarr.json": 2, "frame_histogram": 1}
+    truth = CyclicCounts(SCALE_RECORDS)
+    sampler = WindowSampler(truth.frame_histogram(), 3)
+    assert sampler.proposal == "frame"
+    asked: list[int] = []
+
+    class Counting(CyclicCounts):
+        def locate_frames(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            asked.append(positions.size)
+            return super().locate_frames(positions)
+
+    # a worker asks one proposal per round where the index is not in memory
+    draws = sampler.draws(np.arange(800), seed=0, epoch=0, candidates=1)
+    records, starts = answer(draws, Counting(SCALE_RECORDS))
+    got, costs = [], []
+    for batch, pid, held, stats in itertools.islice(loader, 100):
+        assert pid != os.getpid()
+        got.extend(window["x"].tolist() for window in batch)
+        costs.append((held, stats))
+    held, stats = costs[-1]
+    want = [
+        ((truth.first_frame(record) + start + np.arange(3)) % 251).tolist()
+        for record, start in zip(records.tolist(), starts.tolist(), strict=True)
+    ]
+    assert got == want and (records % 3 == 2).all()
+    worker = stats.by_key_kind
+    assert worker["zarr.json"] == 2 and worker["frame_histogram"] == 1
+    assert worker["frame_starts"] == 1
+    # at most one index chunk per proposal asked about (local: several a round), read by
+    # range: a fraction of the 160 MB index, in proportion to the windows drawn
+    assert worker["record_rows"] <= sum(asked)  # proposals of every round, all counters
+    assert stats.bytes_by_key_kind["record_rows"] < 160 * 10**6 / 4
+    assert held <= 16 * 1024 * 1024
+
+
+# -- real storage under the loader: persistent workers, object storage, whole records ------------
+TRACKS = [6, 2, 9, 4, 12, 7, 3, 10, 5, 8]  # frames of each record, written to shards 0 and 1
+
+
+def write_tracks(location: Location) -> TemporalArrayStorage:
+    storage = TemporalArrayStorage(location.url, storage_options=location.storage_options)
+    with storage.sync_writer() as writer:
+        for record, frames in enumerate(TRACKS):
+            writer.append(record % 2, {"record": np.full(frames, record, dtype=np.int64),
+                                       "frame": np.arange(frames, dtype=np.int64)})  # fmt: skip
+    return TemporalArrayStorage(location.url, storage_options=location.storage_options)
+
+
+#: Global record order: shard 0's records, then shard 1's.
+TRACK_ORDER = [*range(0, len(TRACKS), 2), *range(1, len(TRACKS), 2)]
+TRACK_COUNTS = [TRACKS[r] for r in TRACK_ORDER]
+
+
+def _with_io(samples: list[dict[str, Any]]) -> tuple[list[Any], int, Any]:
+    return samples, os.getpid(), process_io_stats()
+
+
+def test_persistent_workers_draw_every_epoch_and_a_new_epoch_opens_and_reads_nothing_again(
+    location: Location,
+) -> None:
+    """Over local disk (sync reads) and S3 (the I/O loop): each worker opens the dataset and
+    reads the histogram once for all three epochs, and each epoch's windows are the draws
+    of its own epoch, read from the records they name."""
+    storage = write_tracks(location)
+    loader = StatefulDataLoader.from_storage(
+        storage, _with_io, sequence_length=4, samples_per_epoch=12, batch_size=3,
+        num_workers=2, persistent_workers=True, shuffle_seed=11, rank=0, world_size=1,
+    )  # fmt: skip
+    sampler = WindowSampler.of_counts(TRACK_COUNTS, 4)
+    opens: list[dict[int, tuple[int, int]]] = []
+    for epoch in range(3):
+        windows, by_worker = [], {}
+        for batch, pid, stats in loader:
+            windows.extend((int(w["record"][0]), int(w["frame"][0])) for w in batch)
+            for window in batch:
+                assert window["frame"].tolist() == list(
+                    range(window["frame"][0], window["frame"][0] + 4)
+                )
+            by_worker[pid] = (stats.by_key_kind["zarr.json"], stats.by_key_kind["frame_histogram"])
+        records, starts = sampler.draw(np.arange(12), seed=11, epoch=epoch)
+        ids = [TRACK_ORDER[r] for r in records.tolist()]
+        assert windows == list(zip(ids, starts.tolist(), strict=True))
+        opens.append(by_worker)
+    assert len(opens[0]) == 2 and os.getpid() not in opens[0]
+    assert opens[0] == opens[1] == opens[2]
+    assert set(opens[0].values()) == {(2, 1)}  # the root and the histogram's metadata; its data
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_whole_records_load_in_order_or_shuffled_and_resume_exactly(
+    location: Location, shuffle: bool
+) -> None:
+    """``TemporalRecords`` under ``from_storage``: every record once per epoch, whole, in
+    storage order (or a seeded shuffle), with two workers; a state taken after two batches
+    resumes with exactly the records not yet seen."""
+    from rangestream import TemporalRecords
+
+    storage = write_tracks(location)
+
+    def loader() -> StatefulDataLoader:
+        return StatefulDataLoader.from_storage(
+            TemporalRecords(storage), list, batch_size=2, shuffle=shuffle, shuffle_seed=5,
+            num_workers=2, drop_last=False, rank=0, world_size=1,
+        )  # fmt: skip
+
+    def ids(batch: list[dict[str, Any]]) -> list[int]:
+        for record in batch:
+            frames = TRACKS[int(record["record"][0])]
+            assert record["frame"].tolist() == list(range(frames))  # whole
+        return [int(record["record"][0]) for record in batch]
+
+    first = loader()
+    iterator = iter(first)
+    seen = [ids(next(iterator)) for _ in range(2)]
+    state = first.state_dict()
+    resumed = loader()
+    resumed.load_state_dict(state)
+    got = [r for batch in seen + [ids(batch) for batch in resumed] for r in batch]
+    if shuffle:
+        assert sorted(got) == sorted(TRACK_ORDER) and got != TRACK_ORDER
+        assert got == [TRACK_ORDER[p] for p in epoch_order(len(TRACKS), 5, 0)]
+    else:
+        assert got == TRACK_ORDER
+
+
+def test_a_split_loads_its_own_records_whole_or_as_windows(tmp_path: Path) -> None:
+    """``train_test_split`` halves load whole (only their records) or as random windows of
+    their records (their ``frame_counts``, drawn in memory)."""
+    from rangestream import train_test_split
+
+    storage = write_tracks(Location(str(tmp_path / "ds"), {}))
+    train, test = train_test_split(storage, [0.6, 0.4], seed=2)
+    train_ids = {TRACK_ORDER[train.record_id(i)] for i in range(len(train))}
+    whole = StatefulDataLoader.from_storage(
+        train, list, batch_size=2, shuffle=False, num_workers=0, drop_last=False,
+        rank=0, world_size=1,
+    )  # fmt: skip
+    assert [int(r["record"][0]) for batch in whole for r in batch] == sorted(
+        train_ids, key=TRACK_ORDER.index
+    )
+    windows = StatefulDataLoader.from_storage(
+        train, list, sequence_length=3, samples_per_epoch=30, batch_size=5, num_workers=1,
+        rank=0, world_size=1,
+    )  # fmt: skip
+    drawn = [int(w["record"][0]) for batch in windows for w in batch]
+    assert len(drawn) == 30 and set(drawn) <= train_ids
+    assert not set(drawn) & {TRACK_ORDER[test.record_id(i)] for i in range(len(test))}
+
+
+def test_whole_records_refuse_options_of_windows() -> None:
+    from rangestream import TemporalRecords
+
+    records = TemporalRecords.__new__(TemporalRecords)
+    with pytest.raises(LoaderConfigError, match="shuffle='block'"):
+        StatefulDataLoader.from_storage(records, shuffle="block", rank=0, world_size=1)
+    with pytest.raises(LoaderConfigError, match="samples_per_epoch do"):
+        StatefulDataLoader.from_storage(records, samples_per_epoch=3, rank=0, world_size=1)
+
+
+def test_a_mixture_of_splits_draws_windows_of_each_in_proportion(tmp_path: Path) -> None:
+    """Two splits of one dataset mixed 3:1 as windows: every window comes from its own
+    split's records, and the counts per source are the mixture's."""
+    from rangestream import train_test_split
+
+    storage = write_tracks(Location(str(tmp_path / "ds"), {}))
+    first, second = train_test_split(storage, [0.5, 0.5], seed=4)
+    ids = [{TRACK_ORDER[s.record_id(i)] for i in range(len(s))} for s in (first, second)]
+    loader = StatefulDataLoader.from_storages(
+        {first: 3.0, second: 1.0}, _with_io, names={first: "a", second: "b"},
+        sequence_length=2, num_samples=40, batch_size=4, num_workers=0, rank=0, world_size=1,
+    )  # fmt: skip
+    drawn = [int(w["record"][0]) for batch, _pid, _io in loader for w in batch]
+    assert len(drawn) == 40
+    assert sum(r in ids[0] for r in drawn) == 30 and sum(r in ids[1] for r in drawn) == 10

@@ -188,19 +188,27 @@ def test_every_field_type_and_trailing_shape_round_trips(tmp_path: Path) -> None
     assert np.array_equal(window["u16"], records[1]["u16"][3:12])
 
 
-def test_torch_tensors_are_accepted_on_write(tmp_path: Path) -> None:
+def test_torch_tensors_written_come_back_as_torch_tensors_of_their_dtype(
+    tmp_path: Path,
+) -> None:
     import torch
 
     record = {
         "features": torch.arange(24, dtype=torch.float32).reshape(6, 4),
         "valid": torch.tensor([True, False, True, True, False, True]),
         "ids": torch.arange(6, dtype=torch.int64),
+        "plain": np.arange(12, dtype=np.int16).reshape(6, 2),  # numpy stays numpy
     }
     write(str(tmp_path / "ds"), [record], [0], field_groups=[["valid", "ids"]])
-    got = TemporalArrayStorage(tmp_path / "ds").read_window(0, 1, 4)
-    for name, tensor in record.items():
-        assert np.array_equal(got[name], tensor.numpy()[1:5]), name
-        assert got[name].dtype == tensor.numpy().dtype
+    storage = TemporalArrayStorage(tmp_path / "ds")
+    for got in (storage.read_window(0, 1, 4), asyncio.run(storage.aread_window(0, 1, 4))):
+        for name in ("features", "valid", "ids"):
+            tensor = record[name]
+            assert isinstance(got[name], torch.Tensor), name
+            assert got[name].dtype == tensor.dtype and got[name].shape == (4, *tensor.shape[1:])
+            assert torch.equal(got[name], tensor[1:5]), name
+        assert type(got["plain"]) is np.ndarray
+        assert np.array_equal(got["plain"], record["plain"][1:5])
 
 
 def test_a_torch_tensor_without_a_numpy_dtype_is_refused_by_name(tmp_path: Path) -> None:
@@ -217,7 +225,7 @@ def test_a_torch_tensor_without_a_numpy_dtype_is_refused_by_name(tmp_path: Path)
 def test_fields_empty_returns_an_empty_dict_without_requests(tmp_path: Path) -> None:
     write(str(tmp_path / "ds"))
     storage = TemporalArrayStorage(tmp_path / "ds")
-    storage.frame_counts  # noqa: B018 - opens
+    storage.frame_counts.tolist()  # opens, and reads the record index whole
     before = storage.stats.copy()
     assert storage.read_window(2, 3, 4, []) == {}
     assert asyncio.run(storage.aread_window(2, 3, 4, [])) == {}
@@ -317,7 +325,7 @@ def test_opening_reads_two_objects_and_every_window_one_range_per_group(
 ) -> None:
     write(location.url, storage_options=location.storage_options)  # default 4 MiB blocks
     storage = open_storage(location)
-    storage.frame_counts  # noqa: B018 - opens: the root document and the frame index
+    storage.frame_counts.tolist()  # opens, and reads the record index whole
     assert storage.stats.requests == 2
     geometry = block_geometry(location)
     first_rows = record_first_rows(location)
@@ -351,7 +359,7 @@ def test_a_window_costs_one_more_range_per_block_boundary_it_crosses(tmp_path: P
     location = Location(str(tmp_path / "ds"), {})
     write(location.url, **SMALL)
     storage = open_storage(location)
-    storage.frame_counts  # noqa: B018
+    storage.frame_counts.tolist()  # opens, and reads the record index whole
     geometry = block_geometry(location)
     first_rows = record_first_rows(location)
     crossed = 0
@@ -385,7 +393,7 @@ def test_records_that_fit_in_a_block_never_straddle_one(tmp_path: Path) -> None:
         end += pad + n
     assert int(first_rows[-1]) + frames[-1] > sum(frames)  # there was padding
     storage = open_storage(location)
-    storage.frame_counts  # noqa: B018 - opens
+    storage.frame_counts.tolist()  # opens, and reads the record index whole
     for record, n in enumerate(frames):
         before = storage.stats.copy()
         got = storage.read_window(record, 0, n, ["features", "pose"])
@@ -405,7 +413,7 @@ def test_without_dense_chunks_each_block_index_is_fetched_once_then_cached(
 ) -> None:
     write(str(tmp_path / "ds"), dense_chunks=False)
     storage = TemporalArrayStorage(tmp_path / "ds")
-    storage.frame_counts  # noqa: B018
+    storage.frame_counts.tolist()  # opens, and reads the record index whole
     assert storage.stats.requests == 3  # root, index block's chunk index, index data
     before = storage.stats.copy()
     assert_window(storage.read_window(6, 10, 50, ["features", "pose"]), EXPECTED[6], 10, 50,
@@ -472,7 +480,7 @@ def ungrouped(tmp_path: Path) -> CountingStorage:
     """Every field alone: a window of all four fields is four ranges."""
     write(str(tmp_path / "ds"), field_groups=None)
     storage = CountingStorage(str(tmp_path / "ds"))
-    storage.frame_counts  # noqa: B018
+    storage.frame_counts.tolist()  # opens, and reads the record index whole
     return storage
 
 
@@ -757,8 +765,10 @@ def block_file(root: Path, shard: int, array: str, block: int) -> Path:
     return root / attributes["data_prefix"] / "shards" / str(shard) / array / "c" / str(block) / "0"
 
 
-# Default layout: features rows are 64 bytes, so 32 frames (2048 B + 4 B crc) per inner chunk
-# and one block per shard: every window of the test records is served from a mapping.
+# Layouts sized for windows of 256 frames: features rows are 64 bytes, so 32 frames (2048 B
+# + 4 B crc) per inner chunk, and one block per shard: every window of the test records is
+# served from a mapping. (Sized for the default 64-frame windows, chunks hold 8 frames.)
+CHUNKS_OF_32 = {"window_frames": 256}
 FEATURE_CHUNK_ROWS, FEATURE_STORED = 32, 32 * 64 + 4
 
 
@@ -781,7 +791,7 @@ def test_local_sync_windows_come_from_mapped_blocks_and_equal_numpy_slices(
 ) -> None:
     write(str(tmp_path / "ds"))
     storage = TemporalArrayStorage(tmp_path / "ds")
-    storage.frame_counts  # noqa: B018 - opening copies the record index: not counted below
+    storage.frame_counts.tolist()  # opens, and reads the record index whole
     opened_with = copies.calls
     fields_read = 0
     for fields in [*SELECTIONS, ["pose", "features", "valid"], ["valid"]]:
@@ -799,12 +809,12 @@ def test_mapped_windows_of_a_field_alone_in_its_group_start_anywhere_in_a_chunk(
     tmp_path: Path,
 ) -> None:
     """``features`` is copied as chunk runs: every start in a chunk, every length class."""
-    write(str(tmp_path / "ds"))
+    write(str(tmp_path / "ds"), **CHUNKS_OF_32)
     storage = TemporalArrayStorage(tmp_path / "ds")
     record = ORDER.index(6)  # 300 frames, inside one block
     chunk = FEATURE_CHUNK_ROWS
     lengths = (1, chunk - 1, chunk, chunk + 1, 2 * chunk, 3 * chunk - 1, 150)
-    assert len(storage) == len(EXPECTED)  # opens the dataset: its requests come first
+    assert len(storage.frame_counts.tolist()) == len(EXPECTED)  # opens, reads the index
     before = storage.stats.copy()
     reads = 0
     for start in range(2 * chunk + 1):
@@ -840,7 +850,7 @@ def test_async_local_windows_come_from_mapped_blocks_inline_or_in_a_thread(
 
 @pytest.mark.usefixtures("no_pread", "copies")
 def test_a_corrupted_chunk_is_detected_on_its_first_read_from_a_mapping(tmp_path: Path) -> None:
-    write(str(tmp_path / "ds"))
+    write(str(tmp_path / "ds"), **CHUNKS_OF_32)
     block = block_file(tmp_path / "ds", 0, "features", 0)
     data = bytearray(block.read_bytes())
     data[FEATURE_STORED + 100] ^= 0x01  # inner chunk 1: shard 0 rows 32..63
@@ -860,9 +870,9 @@ def test_each_mapped_inner_chunk_is_verified_once_per_process(
 ) -> None:
     import rangestream.layout.checksums as checksums
 
-    write(str(tmp_path / "ds"))
+    write(str(tmp_path / "ds"), **CHUNKS_OF_32)
     storage = TemporalArrayStorage(tmp_path / "ds")
-    storage.frame_counts  # noqa: B018 - opening verifies the frame index: not counted below
+    storage.frame_counts.tolist()  # opens, and reads the record index whole
     checked: list[int] = []
     original = checksums.crc32c_value
 
@@ -882,7 +892,7 @@ def test_each_mapped_inner_chunk_is_verified_once_per_process(
 
 @pytest.mark.usefixtures("copies")
 def test_a_block_shorter_than_its_layout_fails_only_for_the_missing_chunks(tmp_path: Path) -> None:
-    write(str(tmp_path / "ds"))
+    write(str(tmp_path / "ds"), **CHUNKS_OF_32)
     block = block_file(tmp_path / "ds", 0, "features", 0)
     with open(block, "r+b") as handle:
         handle.truncate(2 * FEATURE_STORED)  # chunks 0 and 1 left, no chunk index
@@ -968,3 +978,202 @@ def test_a_dataset_of_the_older_unpadded_layout_is_refused_by_name(tmp_path: Pat
     root_path.write_text(json.dumps(root))
     with pytest.raises(MetadataError, match=r"temporal schema version 1 is not supported.*rewrite"):
         TemporalArrayStorage(tmp_path / "ds").read_window(0, 0, 1)
+
+
+# -- LitData's contract: argument validation, the mapped switch, errors ----------------------
+def test_read_window_takes_max_concurrent_reads_or_max_concurrency(location: Location) -> None:
+    write(location.url, storage_options=location.storage_options, **SMALL)
+    storage = open_storage(location)
+    for options in ({"max_concurrent_reads": 1}, {"max_concurrency": 3}, {}):
+        got = storage.read_window(5, 17, 90, ["features", "pose"], **options)  # 300 frames
+        assert_window(got, EXPECTED[5], 17, 90, ["features", "pose"])
+    with pytest.raises(TypeError, match="not both"):
+        storage.read_window(6, 0, 1, max_concurrency=2, max_concurrent_reads=2)
+
+
+@pytest.mark.parametrize("bound", [True, 1.5, 0, -2, "4"], ids=repr)
+def test_a_bound_that_is_not_a_positive_integer_is_a_value_error(
+    written: TemporalArrayStorage, bound: Any
+) -> None:
+    with pytest.raises(ValueError, match="max_concurrent_reads must be an integer >= 1"):
+        written.read_window(0, 0, 1, max_concurrent_reads=bound)
+    with pytest.raises(ValueError, match="max_concurrent_reads must be an integer >= 1"):
+        asyncio.run(written.aread_window(0, 0, 1, max_concurrent_reads=bound))
+    with pytest.raises(ValueError, match="must be an integer >= 1"):
+        written.read_window(0, 0, 1, max_concurrency=bound)
+
+
+def test_a_field_asked_for_twice_is_refused(written: TemporalArrayStorage) -> None:
+    with pytest.raises(ValueError, match=r"\['valid'\] are asked for more than once"):
+        written.read_window(0, 0, 1, ["valid", "pose", "valid"])
+    with pytest.raises(ValueError, match="more than once"):
+        asyncio.run(written.aread_window(0, 0, 1, ["clock", "clock"]))
+
+
+@pytest.mark.parametrize("groups", [["clock"], "clock", [["pose"], "valid"]], ids=repr)
+def test_a_string_where_a_field_group_is_expected_is_a_value_error(
+    tmp_path: Path, groups: Any
+) -> None:
+    with pytest.raises(ValueError, match="string"):
+        TemporalArrayStorage(tmp_path / "ds", field_groups=groups)
+
+
+def _mapped_in_use(storage: TemporalArrayStorage) -> bool:
+    opened = storage._default_opening.opened.value
+    assert opened is not None
+    return opened.mapped is not None
+
+
+@pytest.mark.parametrize("switch", ["option", "read_options", "environment"])
+def test_mapped_reads_can_be_switched_off_and_windows_come_from_pread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, switch: str
+) -> None:
+    from rangestream.storage.options import ReadOptions
+
+    write(str(tmp_path / "ds"))
+    preads: list[str] = []
+    original = LocalStore.get_range_sync
+
+    def counting(self: LocalStore, key: str, start: int, end: int) -> bytes:
+        preads.append(key)
+        return original(self, key, start, end)
+
+    monkeypatch.setattr(LocalStore, "get_range_sync", counting)
+    if switch == "option":
+        storage = TemporalArrayStorage(tmp_path / "ds", mapped=False)
+    elif switch == "read_options":
+        storage = TemporalArrayStorage(tmp_path / "ds", read_options=ReadOptions(mapped=False))
+    else:
+        monkeypatch.setenv("RANGESTREAM_MAPPED_READS", "0")
+        storage = TemporalArrayStorage(tmp_path / "ds")
+    for record, start, frames in random_windows(10, seed=31):
+        assert_window(storage.read_window(record, start, frames), EXPECTED[record], start, frames,
+                      None)  # fmt: skip
+    assert not _mapped_in_use(storage)
+    assert sum("/features/c/" in key for key in preads) == 10  # one pread per window and group
+    monkeypatch.delenv("RANGESTREAM_MAPPED_READS", raising=False)
+    mapped = TemporalArrayStorage(tmp_path / "ds")  # the default maps blocks
+    mapped.read_window(0, 0, 1)
+    assert _mapped_in_use(mapped)
+
+
+def test_storage_errors_are_oserrors_and_keep_the_library_base() -> None:
+    from rangestream.errors import (
+        CorruptDataError,
+        MissingObjectError,
+        RangestreamError,
+        StorageError,
+    )
+
+    for error in (TruncatedObjectError, ChecksumError, MissingObjectError, MetadataError,
+                  CorruptDataError, StorageError):  # fmt: skip
+        assert issubclass(error, OSError) and issubclass(error, RangestreamError), error
+    assert issubclass(TruncatedObjectError, ValueError)  # as it was
+    assert str(TruncatedObjectError("x of y")) == "x of y"  # not OSError's "[Errno ...]"
+
+
+@pytest.mark.usefixtures("copies")
+def test_a_truncated_block_is_caught_as_an_oserror(tmp_path: Path) -> None:
+    write(str(tmp_path / "ds"), **CHUNKS_OF_32)
+    block = block_file(tmp_path / "ds", 0, "features", 0)
+    with open(block, "r+b") as handle:
+        handle.truncate(FEATURE_STORED)
+    storage = TemporalArrayStorage(tmp_path / "ds")
+    with pytest.raises(OSError, match="shorter than the dataset's metadata says") as caught:
+        storage.read_window(1, 60, 10, ["features"])
+    assert isinstance(caught.value, TruncatedObjectError)
+
+
+# -- a block truncated while mapped ------------------------------------------------------------
+def _truncate_while_mapped(path: str, block: str, queue: Any) -> None:
+    """In a child (a SIGBUS kills it, not the test): map and verify a block through windows,
+    truncate it, then read windows that lie past the cut and across it."""
+    storage = TemporalArrayStorage(path)
+    outcomes = []
+    # shard 0 holds EXPECTED[0..2] from row 0: rows 0, 1..120, 121..195; 32 rows a chunk
+    for record, start, frames in [(1, 0, 120), (2, 0, 75)]:
+        storage.read_window(record, start, frames, ["features"])  # mapped, chunks verified
+    with open(block, "r+b") as handle:
+        handle.truncate(3 * FEATURE_STORED + 100)  # chunks 0..2 whole, chunk 3 cut
+    for record, start, frames in [(2, 10, 10), (1, 95, 20), (1, 0, 60)]:
+        try:
+            got = storage.read_window(record, start, frames, ["features"])
+        except TruncatedObjectError as error:
+            outcomes.append(("truncated", str(error)))
+        else:
+            want = EXPECTED[record]["features"][start : start + frames]
+            outcomes.append(("equal" if np.array_equal(got["features"], want) else "wrong", ""))
+    queue.put(outcomes)
+
+
+def test_a_block_truncated_while_mapped_raises_instead_of_sigbus_or_zeros(
+    tmp_path: Path, copies: Copies
+) -> None:
+    write(str(tmp_path / "ds"), **CHUNKS_OF_32)
+    block = block_file(tmp_path / "ds", 0, "features", 0)
+    assert block.stat().st_size > 3 * 4096  # pages past the cut fault when touched
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(
+        target=_truncate_while_mapped, args=(str(tmp_path / "ds"), str(block), queue)
+    )
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0, f"the reader died (exit code {child.exitcode}, -7 is SIGBUS)"
+    past, across, before = queue.get(timeout=5)
+    # rows 131..140: chunk 4, in a page wholly past the new end (SIGBUS when touched)
+    assert past[0] == "truncated" and str(block) in past[1]
+    # rows 96..115: chunk 3, verified before the cut, now past the end in its last page
+    # (whose bytes past the end read as zeros)
+    assert across[0] == "truncated"
+    assert before == ("equal", "")  # rows 1..60 are still there and still read
+
+
+def test_compiled_windows_ask_the_file_size_only_in_a_blocks_last_page(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The compiled copier guards against truncation with a fault handler and one byte read
+    past the piece, not a system call per window: the size is asked only where no page
+    follows the piece in the mapping (and by the numpy copier, which cannot guard)."""
+    import rangestream.io.mapped as mapped_files
+    from rangestream.layout import copy as row_copy
+
+    assert row_copy.compiled()
+    from rangestream.layout import _chunked
+
+    assert _chunked.GUARDS_FAULTS == 1
+    write(str(tmp_path / "ds"), **CHUNKS_OF_32)
+    asked: list[int] = []
+    original = mapped_files.map_file
+
+    def counting(path: str, root: str, units: int = 0) -> Any:
+        found = original(path, root, units)
+        size_now = found.live_size
+
+        def live_size() -> int:
+            asked.append(1)
+            return size_now()
+
+        found.live_size = live_size
+        return found
+
+    monkeypatch.setattr(mapped_files, "map_file", counting)
+    storage = TemporalArrayStorage(tmp_path / "ds")
+    for record in range(len(EXPECTED)):  # every chunk read once, so verified (the size is
+        storage.read_window(record, 0, FRAMES[ORDER[record]], ["features"])  # asked then)
+    asked.clear()
+    # a block's chunk index follows its chunks, so a page follows every piece: no size asked
+    for record, start, frames in random_windows(50, seed=41):
+        assert_window(storage.read_window(record, start, frames, ["features"]),
+                      EXPECTED[record], start, frames, ["features"])  # fmt: skip
+    assert asked == []
+    # blocks smaller than a page: every piece ends in the last page, where a cut leaves
+    # zeros rather than a fault: the size is asked, once per piece
+    write(str(tmp_path / "small"), **SMALL)
+    small = TemporalArrayStorage(tmp_path / "small")
+    small.read_window(1, 0, 120, ["features"])  # verifies record 1's chunks
+    asked.clear()
+    for start in (0, 50, 119):  # one frame: one piece of one block
+        assert_window(small.read_window(1, start, 1, ["features"]), EXPECTED[1], start, 1,
+                      ["features"])  # fmt: skip
+    assert asked == [1, 1, 1]

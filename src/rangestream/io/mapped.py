@@ -20,8 +20,13 @@ Rules that make this safe:
 - **No SIGBUS**: a mapping covers exactly the file's size when it was mapped, and callers
   compare the bytes they slice with ``MappedFile.size`` (``MappedFile.covers``), so a file
   shorter than its metadata says is reported as such instead of faulting. The files are
-  committed objects and never change afterwards; a file truncated *while mapped* by
-  something outside rangestream can still fault, as it would under numpy's memmap.
+  committed objects and never change afterwards, but something outside rangestream can
+  truncate one while it is mapped: touching a page past the new end would kill the process
+  with SIGBUS, and the rest of the last page reads as zeros. The compiled copier guards its
+  copies against that fault (``layout/_chunked.c``) and asks the file's size now
+  (``MappedFile.live_size``: an ``fstat`` through the mapping's own descriptor) only where
+  its guard cannot tell; other copies ask it first. A block found cut is read another way,
+  which reports it.
 """
 
 from __future__ import annotations
@@ -58,18 +63,27 @@ class MappedFile:
     reader's own objects), so a window does not rebuild them.
     """
 
-    __slots__ = ("data", "path", "size", "verified", "views")
+    __slots__ = ("data", "live_size", "path", "size", "verified", "views")
 
-    def __init__(self, path: str, data: np.ndarray, units: int) -> None:
+    def __init__(
+        self, path: str, data: np.ndarray, units: int, mapping: mmap.mmap | None = None
+    ) -> None:
         self.path = path
         self.data = data
         self.size = len(data)
         self.verified = bytearray(units)
         self.views: dict[Any, np.ndarray] = {}
+        #: The file's size now (``fstat`` of the descriptor the mapping keeps): smaller
+        #: than ``size`` once the file was truncated, when pages past it would fault.
+        self.live_size = mapping.size if mapping is not None else _no_bytes
 
     def covers(self, end: int) -> bool:
         """Whether bytes ``[0, end)`` lie inside the file (slicing past it could fault)."""
         return end <= self.size
+
+
+def _no_bytes() -> int:
+    return 0
 
 
 def map_file(path: str, root: str, units: int = 0) -> MappedFile:
@@ -86,7 +100,7 @@ def map_file(path: str, root: str, units: int = 0) -> MappedFile:
         mapping = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
     finally:
         os.close(fd)  # the mapping keeps the file's pages; the descriptor is not needed
-    return MappedFile(path, np.frombuffer(mapping, dtype=np.uint8), units)
+    return MappedFile(path, np.frombuffer(mapping, dtype=np.uint8), units, mapping)
 
 
 class _Entries:

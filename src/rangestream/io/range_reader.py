@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 from rangestream.errors import (
     MissingObjectError,
+    RangestreamError,
     StorageError,
     TruncatedObjectError,
 )
@@ -264,6 +265,8 @@ class RangeReader:
             counter.count(kind, 0)
             counter.fail()
             raise MissingObjectError(f"object {store.describe(request.key)} is missing") from error
+        except RangestreamError:  # already named (an unsafe key): an OSError too, kept as is
+            raise
         except OSError as error:
             counter.fail()
             raise StorageError(

@@ -19,6 +19,68 @@
 #define ARGUMENTS 9
 #define RELEASE_GIL_BYTES (1 << 20)
 
+/*
+ * The fault guard of copy_piece. A mapped block truncated by something else while mapped
+ * faults (SIGBUS) when a copy touches a page wholly past its new end, and reads as zeros
+ * in the rest of its last page. copy_piece copies with a SIGBUS handler armed for this
+ * thread (sigsetjmp; the handler jumps back, and copy_piece reports the source as gone),
+ * then reads one byte of the page after the piece: if the file now ends before the piece
+ * does, that page lies wholly past its end and faults too, so zeros are never returned.
+ * Faults anywhere else go to the handler that was there before (faulthandler, or the
+ * default, which ends the process as it would have). Costs a sigsetjmp without the signal
+ * mask and one byte read per copy, instead of an fstat system call.
+ */
+#if defined(__unix__) || defined(__APPLE__)
+#include <setjmp.h>
+#include <signal.h>
+#include <unistd.h>
+#define GUARDED 1
+#if defined(__GNUC__) || defined(__clang__)
+static __thread __attribute__((tls_model("initial-exec"))) sigjmp_buf *guard;
+#else
+static _Thread_local sigjmp_buf *guard;
+#endif
+static struct sigaction previous_bus;
+static int guarding = -1; /* -1: not installed yet (on the first guarded copy), 0: refused */
+static Py_ssize_t page_nbytes = 4096;
+
+static void
+on_bus(int signum, siginfo_t *info, void *context)
+{
+    sigjmp_buf *jump = guard;
+    if (jump != NULL) {
+        guard = NULL;
+        siglongjmp(*jump, 1);
+    }
+    if (previous_bus.sa_flags & SA_SIGINFO) {
+        previous_bus.sa_sigaction(signum, info, context);
+        return;
+    }
+    if (previous_bus.sa_handler == SIG_DFL || previous_bus.sa_handler == SIG_IGN) {
+        signal(signum, SIG_DFL); /* the fault recurs on return and ends the process */
+        return;
+    }
+    previous_bus.sa_handler(signum);
+}
+
+/* Installed on the first guarded copy, not at import: a fault handler installed after
+   ours (faulthandler.enable(), as pytest does at start) would run first, print a fatal
+   error report, and only then hand the fault to ours. Runs with the GIL held: once. */
+static void
+install_guard(void)
+{
+    struct sigaction action;
+    memset(&action, 0, sizeof action);
+    action.sa_sigaction = on_bus;
+    action.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK;
+    sigemptyset(&action.sa_mask);
+    long page = sysconf(_SC_PAGESIZE);
+    if (page > 0)
+        page_nbytes = (Py_ssize_t)page;
+    guarding = sigaction(SIGBUS, &action, &previous_bus) == 0;
+}
+#endif
+
 static int
 fits(Py_ssize_t start, Py_ssize_t rows, Py_ssize_t chunk_rows, Py_ssize_t stored,
      Py_ssize_t row_nbytes, Py_ssize_t field_offset, Py_ssize_t field_nbytes,
@@ -155,16 +217,35 @@ add_to_item(PyObject *list, Py_ssize_t index, Py_ssize_t amount)
 
 #define PIECE_ARGUMENTS 9
 
+/* Whether the source is at least `needed` bytes long now, by `size_now()`: 1, 0, -1 error. */
+static int
+still_there(PyObject *size_now, Py_ssize_t needed)
+{
+    PyObject *answer = PyObject_CallNoArgs(size_now);
+    if (answer == NULL)
+        return -1;
+    Py_ssize_t size = PyLong_AsSsize_t(answer);
+    Py_DECREF(answer);
+    if (size == -1 && PyErr_Occurred())
+        return -1;
+    return size >= needed;
+}
+
 static PyObject *
 copy_piece(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != PIECE_ARGUMENTS) {
-        PyErr_Format(PyExc_TypeError, "copy_piece takes %d arguments, %zd given",
-                     PIECE_ARGUMENTS, nargs);
+    if (nargs != PIECE_ARGUMENTS && nargs != PIECE_ARGUMENTS + 1) {
+        PyErr_Format(PyExc_TypeError, "copy_piece takes %d or %d arguments, %zd given",
+                     PIECE_ARGUMENTS, PIECE_ARGUMENTS + 1, nargs);
         return NULL;
     }
     PyObject *outputs = args[1], *verified = args[7], *counter = args[8];
+    PyObject *size_now = nargs > PIECE_ARGUMENTS ? args[9] : Py_None;
+    if (size_now != Py_None && !PyCallable_Check(size_now)) {
+        PyErr_SetString(PyExc_TypeError, "copy_piece: size_now must be callable or None");
+        return NULL;
+    }
     if (!PyTuple_Check(outputs)) {
         PyErr_SetString(PyExc_TypeError, "copy_piece: outputs must be a tuple");
         return NULL;
@@ -233,11 +314,58 @@ copy_piece(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             goto done;
         }
     }
+    {
+        /* 1: ask size_now() before copying (no guard), 2: after (the guard could not tell) */
+        volatile int check_size = size_now != Py_None; /* changed after sigsetjmp */
+#ifdef GUARDED
+        sigjmp_buf jump;
+        if (size_now != Py_None && guarding < 0)
+            install_guard();
+        if (size_now != Py_None && guarding > 0) {
+            if (sigsetjmp(jump, 0) != 0) { /* the source faulted: truncated since mapped */
+                status = 3;
+                goto done;
+            }
+            guard = &jump;
+            check_size = 0;
+        }
+#endif
+        if (check_size) { /* unguarded: a copy past the file's end would fault */
+            int there = still_there(size_now, end * stored);
+            if (there < 0)
+                goto failed;
+            if (!there) {
+                status = 3;
+                goto done;
+            }
+        }
+        for (Py_ssize_t i = 0; i < count; i++)
+            copy(source.buf, targets[i].buf, start, rows, chunk_rows, stored, row_nbytes,
+                 offsets[i], nbytes[i]);
+#ifdef GUARDED
+        if (guard != NULL) {
+            /* the page after the piece: wholly past the end of a file cut before the piece's
+               end, so it faults; past the source, the file's size is asked instead */
+            Py_ssize_t probe = ((end * stored - 1) / page_nbytes + 1) * page_nbytes;
+            if (probe < source.len)
+                (void)*(volatile const char *)((const char *)source.buf + probe);
+            else
+                check_size = 2;
+            guard = NULL;
+        }
+#endif
+        if (check_size == 2) {
+            int there = still_there(size_now, end * stored);
+            if (there < 0)
+                goto failed;
+            if (!there) {
+                status = 3;
+                goto done;
+            }
+        }
+    }
     if (add_to_item(counter, 0, 1) == NULL || add_to_item(counter, 1, (end - first) * stored) == NULL)
         goto failed;
-    for (Py_ssize_t i = 0; i < count; i++)
-        copy(source.buf, targets[i].buf, start, rows, chunk_rows, stored, row_nbytes, offsets[i],
-             nbytes[i]);
 done:
     for (Py_ssize_t i = 0; i < got; i++)
         PyBuffer_Release(&targets[i]);
@@ -253,11 +381,14 @@ failed:
 static PyMethodDef methods[] = {
     {"copy_piece", (PyCFunction)(void (*)(void))copy_piece, METH_FASTCALL,
      "copy_piece(source, outputs, start, rows, chunk_rows, stored, row_nbytes, verified, "
-     "counter)\n--\n\n"
+     "counter, size_now=None)\n--\n\n"
      "Copy rows [start, start + rows) of a mapped block into each (target, field_offset,\n"
      "field_nbytes) of outputs and count one request in counter, if every inner chunk they\n"
      "touch is flagged in verified: 0 when done, 1 when a chunk is not verified yet, 2 when\n"
-     "the rows lie outside the source (nothing done but for 0)."},
+     "the rows lie outside the source, 3 when the source's bytes are gone (its file was\n"
+     "truncated since it was mapped; outputs hold garbage), nothing counted but for 0.\n"
+     "With size_now (a callable giving the file's size now), the copy is guarded against\n"
+     "the fault of a truncated mapping and checked for the zeros of its last page."},
     {"copy_rows", (PyCFunction)(void (*)(void))copy_rows, METH_FASTCALL,
      "copy_rows(source, target, start, rows, chunk_rows, stored, row_nbytes, field_offset, "
      "field_nbytes)\n--\n\n"
@@ -276,5 +407,16 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__chunked(void)
 {
-    return PyModule_Create(&module);
+    PyObject *created = PyModule_Create(&module);
+    if (created == NULL)
+        return NULL;
+    int guards = 0;
+#ifdef GUARDED
+    guards = 1; /* installed on the first guarded copy */
+#endif
+    if (PyModule_AddIntConstant(created, "GUARDS_FAULTS", guards) < 0) {
+        Py_DECREF(created);
+        return NULL;
+    }
+    return created;
 }

@@ -22,5 +22,8 @@ def copy_piece(
     row_nbytes: int,
     verified: bytearray | None,
     counter: list[int],
+    size_now: Any = None,
     /,
 ) -> int: ...
+
+GUARDS_FAULTS: int

@@ -12,6 +12,11 @@ field_nbytes)`` copies bytes ``[field_offset, field_offset + field_nbytes)`` of 
 ``[start, start + rows)`` of ``source`` (inner chunks of ``chunk_rows`` rows starting every
 ``stored`` bytes) into ``target``, a C-contiguous writable buffer of exactly ``rows *
 field_nbytes`` bytes, and raises ``ValueError`` when the rows or the target do not fit.
+
+``copy_piece`` (the mapped single-window path) also takes ``size_now``, the mapped file's
+size now: the compiled one copies under a SIGBUS guard and asks it only where the guard
+cannot tell; the numpy one asks it before copying. Status 3 means the file was truncated
+since it was mapped (see ``rangestream.io.mapped``).
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ __all__ = [
 ]
 
 CopyRows = Callable[[Any, Any, int, int, int, int, int, int, int], None]
-CopyPiece = Callable[[Any, Any, int, int, int, int, int, Any, list[int]], int]
+CopyPiece = Callable[..., int]
 
 
 def numpy_copy_rows(
@@ -115,9 +120,12 @@ def numpy_copy_piece(
     row_nbytes: int,
     verified: bytearray | None,
     counter: list[int],
+    size_now: Callable[[], int] | None = None,
 ) -> int:
     """``copy_piece`` with ``numpy_copy_rows``: 0 done, 1 a chunk not verified yet, 2 the
-    rows lie outside the source (nothing counted or copied unless 0)."""
+    rows lie outside the source, 3 the source's file is shorter now than the piece
+    (truncated since it was mapped), nothing counted or copied unless 0. Without the
+    compiled guard, ``size_now()`` is asked before copying (an ``fstat``)."""
     if start < 0 or rows <= 0 or chunk_rows <= 0 or stored <= 0:
         return 2
     first, end = start // chunk_rows, (start + rows - 1) // chunk_rows + 1
@@ -139,6 +147,8 @@ def numpy_copy_piece(
             or np.frombuffer(target, dtype=np.uint8).size != rows * nbytes
         ):
             return 2
+    if size_now is not None and size_now() < end * stored:
+        return 3
     counter[0] += 1
     counter[1] += (end - first) * stored
     for target, offset, nbytes in outputs:

@@ -392,21 +392,31 @@ class MappedExecutor:
                     pass
             flags = mapped.verified if verify else None
             data = mapped.data
+            # the copier guards against a block truncated while mapped (``live_size``):
+            # status 3, nothing counted, and the program reads it and names the damage
             status = copy_piece(data, outputs, row, rows, chunk_rows, stored, row_nbytes, flags,
-                                counter)  # fmt: skip
+                                counter, mapped.live_size)  # fmt: skip
             if status == 1:  # a chunk read for the first time: checked once, then trusted
                 first, end = row // chunk_rows, (row + rows - 1) // chunk_rows + 1
-                try:
-                    check_mapped(
-                        data, mapped.verified, stored, first, end,
-                        lambda: _where_mapped(store, arrays[part], block, first, end, stored),
-                    )  # fmt: skip
-                except ChecksumError:  # the read happened, then failed: counted as fetched
-                    counter[0] += 1
-                    counter[1] += (end - first) * stored
-                    raise
-                status = copy_piece(data, outputs, row, rows, chunk_rows, stored, row_nbytes,
-                                    flags, counter)  # fmt: skip
+                if mapped.live_size() < end * stored:  # the check reads the chunks: no fault
+                    status = 3
+                else:
+                    try:
+                        check_mapped(
+                            data, mapped.verified, stored, first, end,
+                            lambda: _where_mapped(store, arrays[part], block, first, end,
+                                                  stored),
+                        )  # fmt: skip
+                    except ChecksumError:  # the read happened, then failed: counted as fetched
+                        counter[0] += 1
+                        counter[1] += (end - first) * stored
+                        raise
+                    status = copy_piece(data, outputs, row, rows, chunk_rows, stored, row_nbytes,
+                                        flags, counter, mapped.live_size)  # fmt: skip
+            if status == 3:
+                entries = holder.value
+                if entries is not None and entries.files.get(key) is mapped:
+                    entries.files.pop(key, None)  # mapped again at its size when next used
             return status == 0
 
         return copy
@@ -424,6 +434,9 @@ class MappedExecutor:
             mapped = self.mapping(piece.array, piece.block, piece.end_chunk)
             if mapped is None:
                 return None
+            if mapped.live_size() < piece.end_chunk * piece.array.stored:
+                self._forget(piece.array.block_base + piece.block, mapped)
+                return None  # truncated while mapped: the remote executor names the damage
             mapped_pieces.append((piece, mapped))
         self._count(cut)
         for piece, mapped in mapped_pieces:
@@ -454,6 +467,12 @@ class MappedExecutor:
         for read in reads:
             read.ready()  # reads of no rows get their (empty) outputs too
         return [None] * len(step)
+
+    def _forget(self, key: int, mapped: MappedFile) -> None:
+        """Drop ``mapped`` (found short of its mapped size): mapped again when next used."""
+        files = self.maps.entries()
+        if files.get(key) is mapped:
+            files.pop(key, None)
 
     def _count(self, cut: list[Piece]) -> None:
         """Count the requests the remote executor would make for ``cut``: its coalesced spans."""

@@ -39,6 +39,7 @@ _SAMPLE_SHAPES = {
     "stream_with_meta": "windows",
     "document": "documents",
     "temporal": "temporal windows",
+    "temporal_records": "whole temporal records",
 }
 
 
@@ -356,9 +357,11 @@ def mixed_source(
                 f"two mixed storages are both named {name!r}; pass names={{storage: name}}"
             )
         kind = storage_kind(storage)
-        shapes.add(_SAMPLE_SHAPES.get(kind, kind))
         own = options.with_values(dict((per_source or {}).get(storage, {})))
-        if kind != "temporal":
+        if kind == "temporal_records" and own.sequence_length is not None:
+            kind = "temporal"  # windows of a split's records
+        shapes.add(_SAMPLE_SHAPES.get(kind, kind))
+        if kind != "temporal":  # windows are drawn; everything else the mixture shuffles
             own = own.with_values({"shuffle": False})
         sources[name] = build_source(storage, own)
         named_weights[name] = weight

@@ -8,6 +8,8 @@ storage class carries:
 ``"stream_with_meta"``    ``StreamWithMetaStorage``: the same windows, with their payloads
 ``"document"``            ``DocumentStorage``: one document per sample
 ``"temporal"``            ``TemporalArrayStorage``: random windows of ``sequence_length`` frames
+``"temporal_records"``    ``TemporalRecords``: whole records (by index, in order or shuffled),
+                          or random windows of its records with ``sequence_length``
 ========================  ====================================================================
 
 Duck typing on one attribute keeps this layer free of imports from ``storage/`` (data flows
@@ -189,9 +191,11 @@ def _temporal_builder(storage: Any, options: SourceOptions) -> SampleSource:
     if options.shuffle is not None and shuffle_mode(options.shuffle) != "window":
         raise LoaderConfigError(
             "'temporal' storage draws windows at random; shuffle=False or 'block' has no "
-            "meaning there"
+            "meaning there (for whole records in order, load TemporalRecords(storage))"
         )
-    frames = _require_length("temporal", options, "frames per window")
+    frames = _require_length(
+        "temporal", options, "frames per window; for whole records load TemporalRecords(storage)"
+    )
     return TemporalWindowSource(
         storage,
         frames,
@@ -201,7 +205,32 @@ def _temporal_builder(storage: Any, options: SourceOptions) -> SampleSource:
     )
 
 
+def _temporal_records_builder(records: Any, options: SourceOptions) -> SampleSource:
+    """``TemporalRecords``: whole records (in order, or shuffled per epoch), or random
+    windows of its records when ``sequence_length`` is given."""
+    if options.sequence_length is not None:
+        return _temporal_builder(records, options)
+    _reject(
+        "temporal_records",
+        stride=options.stride,
+        next_token=options.next_token,
+        samples_per_epoch=options.samples_per_epoch,
+        run_windows=options.run_windows,
+        buffer_runs=options.buffer_runs,
+    )
+    if options.shuffle == "block":
+        raise LoaderConfigError(
+            "whole temporal records have many sizes; shuffle='block' needs windows of one "
+            "size: use shuffle='window' (the default) or False"
+        )
+    if options.fields is not None:
+        records = records.with_fields(options.fields)
+    shuffle = "window" if options.shuffle is None else options.shuffle
+    return _indexed(records, options, shuffle)
+
+
 register_storage_kind("stream", _stream_builder("stream"))
 register_storage_kind("stream_with_meta", _stream_builder("stream_with_meta"))
 register_storage_kind("document", _document_builder)
 register_storage_kind("temporal", _temporal_builder)
+register_storage_kind("temporal_records", _temporal_records_builder)

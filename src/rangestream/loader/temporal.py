@@ -1,4 +1,4 @@
-"""Random frame windows of temporal records, resumable by a counter.
+"""Random frame windows of temporal records, resumable by a counter, without per-record state.
 
 Temporal records (``TemporalArrayStorage``) have different frame counts; training reads
 fixed-length windows of ``frames`` frames from records that have at least that many. The
@@ -7,13 +7,31 @@ sequence depend on worker seeding and impossible to resume exactly. Here sample 
 epoch ``e`` is a pure function of ``(seed, e, i)`` (:func:`keyed_hash`), so the epoch is a
 sequence like any other: it is split across ranks and workers by :class:`EpochPlan`, and
 resuming means nothing more than restarting the counter at ``consumed_samples``.
+
+Drawing needs no array of every record's frame count (16 bytes per record to read and 24 to
+hold in every worker: 2.4 GB at 10^8 records). What a draw reads is what the storage keeps
+for it (``docs/format.md``): the frame-count histogram (how many records and windows there
+are, read once), the cumulative index ``frame_starts`` (one entry per inner chunk of the
+record index) and the record index chunks of the records proposed. A draw is rejection
+sampling from a proposal the index answers cheaply:
+
+- a uniform *global frame* (the cumulative index locates its record and frame), or
+- a uniform *record* with a uniform start in ``[0, longest - frames]``,
+
+accepted or not from the proposed record's frame count, so the accepted windows follow the
+chosen policy exactly (every eligible record equally likely, or every valid window). The
+histogram gives each proposal's acceptance rate exactly; the better one is used. Where both
+accept less than :data:`MIN_ACCEPTANCE` of proposals (a window longer than almost every
+record), drawing reads every record's frame count once and keeps the eligible records'
+(the exact per-record draw), which is what the record counts then require.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+import inspect
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from typing import Any, Literal, Protocol
 
@@ -21,21 +39,43 @@ import numpy as np
 import numpy.typing as npt
 
 from rangestream.arguments import positive_integer
-from rangestream.errors import LoaderConfigError
+from rangestream.errors import CorruptDataError, LoaderConfigError
 from rangestream.loader.permutation import keyed_hash
 
-__all__ = ["TemporalStorage", "TemporalWindowSource", "WindowSampler"]
+__all__ = ["CountsIndex", "TemporalStorage", "TemporalWindowSource", "WindowSampler"]
 
 Sampling = Literal["record", "window"]
-_RECORD_STREAM = 1
-_START_STREAM = 2
+
+#: Below this acceptance rate, rejection would cost more index reads per window than
+#: reading every record's frame count once: draws then use the eligible records' counts.
+MIN_ACCEPTANCE = 1 / 16
+#: Proposals after which a draw gives up: at ``MIN_ACCEPTANCE`` a counter is still pending
+#: after 2,000 proposals with probability ``(15/16)^2000 < 1e-56``; only an index whose
+#: histogram promises windows its records do not hold gets there.
+MAX_ROUNDS = 2000
+
+#: The purposes of a proposal's hashes: the proposal (a global frame, or a record), a
+#: start within the proposed record (or the longest), the coin of a frame proposal under
+#: record sampling.
+#: Most proposals per counter asked about in one round.
+MAX_CANDIDATES = 16
+_PURPOSES = np.arange(3, dtype=np.int64)[:, None, None]
+#: Counters times ``MAX_ROUNDS`` times the purposes stay below 2**63.
+_MAX_COUNTER = (1 << 63) // (4 * MAX_ROUNDS)
+_EXACT_RECORD = 4  # the exact per-record draw
+_EXACT_START = 5
 
 
 class TemporalStorage(Protocol):
-    """What the loader needs from a temporal storage (``TemporalArrayStorage``)."""
+    """What the loader needs from a temporal storage it cannot read by index.
+
+    ``TemporalArrayStorage`` (and ``TemporalRecords`` of all its records) are read through
+    their readers and record index; any other object with ``frame_counts`` (an array) and
+    ``read_window`` / ``aread_window`` works too, drawing from its counts in memory.
+    """
 
     @property
-    def frame_counts(self) -> np.ndarray: ...
+    def frame_counts(self) -> Any: ...
 
     async def aread_window(
         self, record: int, start: int, frames: int, fields: Sequence[str] | None = None
@@ -47,53 +87,166 @@ def _check_sampling(sampling: object) -> None:
         raise LoaderConfigError(f"sampling must be 'record' or 'window', got {sampling!r}")
 
 
+class CountsIndex:
+    """The record-index questions of a draw, answered from frame counts held in memory.
+
+    For datasets given as an array of frame counts (a subset of records, a test double);
+    ``TemporalArrayStorage``'s readers answer the same questions by range.
+    """
+
+    def __init__(self, frame_counts: npt.ArrayLike) -> None:
+        counts = np.asarray(frame_counts, dtype=np.int64).reshape(-1)
+        if counts.size and int(counts.min()) < 1:
+            raise LoaderConfigError(f"frame counts must be >= 1, found {int(counts.min())}")
+        self.counts = counts
+        self.ends = np.cumsum(counts)
+
+    def frame_histogram(self) -> tuple[np.ndarray, np.ndarray]:
+        values, records = np.unique(self.counts, return_counts=True)
+        return values.astype(np.int64), records.astype(np.int64)
+
+    def locate_frames(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        records = np.searchsorted(self.ends, positions, side="right")
+        return records, positions - (self.ends[records] - self.counts[records])
+
+    def frame_counts_of(self, records: np.ndarray) -> np.ndarray:
+        return self.counts[records]
+
+    def frame_counts_between(self, low: int, high: int) -> np.ndarray:
+        return self.counts[low:high]
+
+
+#: A draw's question to the record index: a method name of ``CountsIndex`` (and of
+#: ``TemporalReader`` / ``AsyncTemporalReader``) and its arguments.
+Question = tuple[Any, ...]
+Draw = Generator[Question, Any, tuple[np.ndarray, np.ndarray]]
+
+
+def answer(draw: Draw, index: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Run ``draw`` against a sync index (``CountsIndex``, ``TemporalReader``)."""
+    try:
+        question = next(draw)
+        while True:
+            name, *arguments = question
+            question = draw.send(getattr(index, name)(*arguments))
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+
+
+async def answer_async(draw: Draw, index: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Run ``draw`` against an async index (``AsyncTemporalReader``; a sync one works too)
+    on the running loop."""
+    try:
+        question = next(draw)
+        while True:
+            name, *arguments = question
+            found = getattr(index, name)(*arguments)
+            question = draw.send(await found if inspect.isawaitable(found) else found)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+
+
 class WindowSampler:
     """Draw ``(record, start)`` windows of ``frames`` frames from counters.
 
     Parameters
     ----------
-    frame_counts : array_like of int
-        Frames of every record.
+    histogram : (numpy.ndarray, numpy.ndarray)
+        ``(frames, records)``: every distinct frame count and how many records have it
+        (``TemporalReader.frame_histogram``); ``WindowSampler.of_counts`` builds one from
+        an array of frame counts.
     frames : int
         Window length in frames; records with fewer frames are never drawn.
     sampling : {"record", "window"}, default "record"
         ``"record"``: every eligible record is equally likely, then a uniform start within
         it (the reference adapter's policy). ``"window"``: every valid ``(record, start)``
         pair is equally likely, so long records are drawn in proportion to their windows.
+
+    Notes
+    -----
+    :meth:`draws` is a generator that asks the record index questions (see
+    :func:`answer`); what it keeps is a few numbers, unless the proposals accept less than
+    :data:`MIN_ACCEPTANCE` (then the eligible records' counts, read once).
     """
 
     def __init__(
-        self, frame_counts: npt.ArrayLike, frames: int, *, sampling: Sampling = "record"
+        self,
+        histogram: tuple[npt.ArrayLike, npt.ArrayLike],
+        frames: int,
+        *,
+        sampling: Sampling = "record",
     ) -> None:
         frames = positive_integer(frames, "frames", error=LoaderConfigError)
         _check_sampling(sampling)
-        counts = np.asarray(frame_counts, dtype=np.int64).reshape(-1)
+        values = np.asarray(histogram[0], dtype=np.int64).reshape(-1)
+        numbers = np.asarray(histogram[1], dtype=np.int64).reshape(-1)
         self.frames = int(frames)
         self.sampling: Sampling = sampling
-        self.eligible = np.flatnonzero(counts >= self.frames)
-        if self.eligible.size == 0:
-            longest = int(counts.max()) if counts.size else 0
+        self.num_records = int(numbers.sum())
+        self.total_frames = int((values * numbers).sum())
+        self.longest = int(values.max()) if values.size else 0
+        eligible = values >= self.frames
+        self.num_eligible = int(numbers[eligible].sum())
+        self.num_windows = int((numbers[eligible] * (values[eligible] - self.frames + 1)).sum())
+        if self.num_eligible == 0:
             raise LoaderConfigError(
-                f"no record has {self.frames} frames (records: {counts.size}, longest: "
-                f"{longest} frames); choose a shorter window"
+                f"no record has {self.frames} frames (records: {self.num_records}, longest: "
+                f"{self.longest} frames); choose a shorter window"
             )
-        self._spans = (counts[self.eligible] - self.frames + 1).astype(np.uint64)
-        self._span_ends = np.cumsum(self._spans, dtype=np.uint64)
+        starts = self.longest - self.frames + 1  # starts a record proposal draws from
+        if sampling == "window":
+            by_frame = self.num_windows / self.total_frames
+            by_record = self.num_windows / (self.num_records * starts)
+        else:
+            by_frame = self.num_eligible * self.frames / self.total_frames
+            by_record = self.num_eligible / self.num_records
+        #: How proposals are made: ``"frame"``, ``"record"`` or ``"exact"`` (per record).
+        self.proposal = "frame" if by_frame > by_record else "record"
+        #: Share of proposals accepted (``1`` for the exact draw).
+        self.acceptance = max(by_frame, by_record)
+        if self.acceptance < MIN_ACCEPTANCE:
+            self.proposal, self.acceptance = "exact", 1.0
+        #: Proposals per counter per round: one round accepts 9 counters in 10.
+        self.candidates = 1
+        if self.acceptance < 1:
+            wanted = np.ceil(np.log(0.1) / np.log1p(-self.acceptance))
+            self.candidates = int(min(MAX_CANDIDATES, max(1, wanted)))
+        #: The index :meth:`draw` asks when given none (``of_counts``: the counts given).
+        self.index: Any = None
+        self._eligible: np.ndarray | None = None
+        self._spans: np.ndarray | None = None
+        self._span_ends: np.ndarray | None = None
 
-    @property
-    def num_eligible(self) -> int:
-        """Records with at least ``frames`` frames."""
-        return int(self.eligible.size)
+    @classmethod
+    def of_counts(
+        cls, frame_counts: npt.ArrayLike, frames: int, *, sampling: Sampling = "record"
+    ) -> WindowSampler:
+        """A sampler of the records whose frame counts are ``frame_counts`` (held here)."""
+        index = CountsIndex(frame_counts)
+        sampler = cls(index.frame_histogram(), frames, sampling=sampling)
+        sampler.index = index
+        return sampler
 
-    @property
-    def num_windows(self) -> int:
-        """Distinct ``(record, start)`` windows."""
-        return int(self._span_ends[-1])
+    def __repr__(self) -> str:
+        return (
+            f"WindowSampler(frames={self.frames}, sampling={self.sampling!r}, "
+            f"proposal={self.proposal!r}, acceptance={self.acceptance:.3f})"
+        )
 
     def draw(
-        self, counters: npt.ArrayLike, *, seed: int, epoch: int
+        self, counters: npt.ArrayLike, *, seed: int, epoch: int, index: Any = None
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Windows for sample counters of one epoch.
+        """:meth:`draws` answered by the sync ``index`` (``CountsIndex``, ``TemporalReader``;
+        by default the counts given to :meth:`of_counts`)."""
+        index = self.index if index is None else index
+        if index is None:
+            raise LoaderConfigError("draw needs an index: pass index= or use of_counts")
+        return answer(self.draws(counters, seed=seed, epoch=epoch), index)
+
+    def draws(
+        self, counters: npt.ArrayLike, *, seed: int, epoch: int, candidates: int | None = None
+    ) -> Draw:
+        """Windows for sample counters of one epoch, asking the record index as needed.
 
         Parameters
         ----------
@@ -101,22 +254,131 @@ class WindowSampler:
             Sample numbers within the epoch (non-negative).
         seed, epoch : int
             Select the random stream; equal inputs give equal windows in any process.
+        candidates : int, optional
+            Proposals per counter asked about in one round of index reads (the windows do
+            not depend on it); by default enough for 9 counters in 10 to finish in one
+            round, at most :data:`MAX_CANDIDATES`.
 
         Returns
         -------
         records, starts : numpy.ndarray
-            ``int64`` arrays shaped like ``counters``.
+            ``int64`` arrays shaped like ``counters`` (the generator's return value).
         """
-        first = keyed_hash(counters, seed, epoch, _RECORD_STREAM)
-        if self.sampling == "record":
-            chosen = (first % np.uint64(self.eligible.size)).astype(np.int64)
-            second = keyed_hash(counters, seed, epoch, _START_STREAM)
-            starts = second % self._spans[chosen]
+        counters = np.asarray(counters, dtype=np.int64)
+        flat = counters.reshape(-1)
+        if self.proposal == "exact":
+            records, starts = yield from self._exact(flat, seed, epoch)
         else:
-            target = first % self._span_ends[-1]
-            chosen = np.searchsorted(self._span_ends, target, side="right").astype(np.int64)
-            starts = target - (self._span_ends[chosen] - self._spans[chosen])
-        return self.eligible[chosen], starts.astype(np.int64)
+            if candidates is None:
+                candidates = self.candidates
+            records, starts = yield from self._rejection(flat, seed, epoch, candidates)
+        return records.reshape(counters.shape), starts.reshape(counters.shape)
+
+    def _rejection(self, counters: np.ndarray, seed: int, epoch: int, candidates: int) -> Draw:
+        """Proposals ``0, 1, 2, ...`` of each counter until one is accepted; ``candidates``
+        of them are asked about per round (the first accepted wins, so the result does not
+        depend on it: fewer rounds of index reads, more entries read per round)."""
+        if counters.size and int(counters.max()) >= _MAX_COUNTER:
+            raise LoaderConfigError(f"sample counters must be below {_MAX_COUNTER}")
+        frames = np.int64(self.frames)
+        records = np.zeros(counters.shape, dtype=np.int64)
+        starts = np.zeros(counters.shape, dtype=np.int64)
+        pending = np.arange(counters.size)
+        attempt = 0
+        while pending.size:
+            if attempt >= MAX_ROUNDS:
+                raise CorruptDataError(
+                    f"{pending.size} window(s) of {self.frames} frames were not found in "
+                    f"{MAX_ROUNDS} proposals accepting {self.acceptance:.3f} of them: the "
+                    "record index does not hold the windows its frame histogram counts"
+                )
+            tried = min(candidates, MAX_ROUNDS - attempt)
+            # one hash per (candidate, counter, purpose): proposal j of counter c is the
+            # same whatever the round it is asked in
+            number = counters[pending][None, :] * MAX_ROUNDS + (
+                attempt + np.arange(tried, dtype=np.int64)[:, None]
+            )
+            hashes = keyed_hash(number[None] * 4 + _PURPOSES, seed, epoch)
+            proposed, start_hash, coin = hashes[0].ravel(), hashes[1].ravel(), hashes[2].ravel()
+            if self.proposal == "frame":
+                positions = (proposed % np.uint64(self.total_frames)).astype(np.int64)
+                chosen, within = yield ("locate_frames", positions)
+                chosen = np.asarray(chosen, dtype=np.int64)
+            else:
+                chosen = (proposed % np.uint64(self.num_records)).astype(np.int64)
+            counts = np.asarray((yield ("frame_counts_of", chosen)), dtype=np.int64)
+            if self.sampling == "window":
+                if self.proposal == "record":
+                    within = start_hash % np.uint64(self.longest - self.frames + 1)
+                start = np.asarray(within, dtype=np.int64)
+                accepted = start + frames <= counts
+            else:
+                accepted = counts >= frames
+                if self.proposal == "frame":  # a record's frames are proposed, not it
+                    accepted &= coin % counts.astype(np.uint64) < np.uint64(self.frames)
+                spans = np.maximum(counts - frames + 1, 1).astype(np.uint64)
+                start = (start_hash % spans).astype(np.int64)
+            accepted = accepted.reshape(tried, pending.size)
+            found = accepted.any(axis=0)
+            first = accepted.argmax(axis=0)[found]
+            flat = first * pending.size + np.flatnonzero(found)
+            records[pending[found]] = chosen[flat]
+            starts[pending[found]] = start[flat]
+            pending = pending[~found]
+            attempt += tried
+        return records, starts
+
+    def _exact(self, counters: np.ndarray, seed: int, epoch: int) -> Draw:
+        if self._eligible is None:
+            counts = np.asarray(
+                (yield ("frame_counts_between", 0, self.num_records)), dtype=np.int64
+            )
+            eligible = np.flatnonzero(counts >= self.frames)
+            if eligible.size != self.num_eligible:
+                raise CorruptDataError(
+                    f"the record index holds {eligible.size} records of at least "
+                    f"{self.frames} frames, its frame histogram {self.num_eligible}"
+                )
+            self._spans = (counts[eligible] - self.frames + 1).astype(np.uint64)
+            self._span_ends = np.cumsum(self._spans, dtype=np.uint64)
+            self._eligible = eligible
+        eligible, spans, span_ends = self._eligible, self._spans, self._span_ends
+        assert spans is not None and span_ends is not None
+        first = keyed_hash(counters, seed, epoch, _EXACT_RECORD)
+        if self.sampling == "record":
+            chosen = (first % np.uint64(eligible.size)).astype(np.int64)
+            second = keyed_hash(counters, seed, epoch, _EXACT_START)
+            starts = second % spans[chosen]
+        else:
+            target = first % span_ends[-1]
+            chosen = np.searchsorted(span_ends, target, side="right").astype(np.int64)
+            starts = target - (span_ends[chosen] - spans[chosen])
+        return eligible[chosen], starts.astype(np.int64)
+
+
+class _Windows:
+    """How one process draws and reads windows: the index it asks, the sampler, the reads."""
+
+    def __init__(self, index: Any, sampler: WindowSampler, reader: Any, read: Callable[..., Any]):
+        self.index = index
+        self.sampler = sampler
+        #: Proposals per round of a sync draw: several while the index is in memory (rounds
+        #: of Python work cost more than entries looked up), one when each proposal may
+        #: read an index chunk (a rejected candidate's chunk costs more than a round).
+        self.candidates = None if getattr(index, "index_in_memory", True) else 1
+        #: The storage's reader: the loader counts its requests (``source_io``).
+        self.storage_reader = reader
+        self.read = read
+
+
+def _reads_by_index(storage: Any) -> Any:
+    """The ``TemporalArrayStorage`` whose readers answer index questions by range, if any."""
+    if getattr(storage, "kind", None) == "temporal" and hasattr(storage, "count_windows"):
+        return storage
+    inner = getattr(storage, "storage", None)  # TemporalRecords of all records
+    if getattr(storage, "records", True) is None and hasattr(inner, "count_windows"):
+        return inner
+    return None
 
 
 class TemporalWindowSource:
@@ -124,9 +386,11 @@ class TemporalWindowSource:
 
     Parameters
     ----------
-    storage : TemporalStorage
-        Picklable storage with ``frame_counts`` and ``aread_window``; its first use in a
-        worker happens in that worker (the loader only calls it there).
+    storage : TemporalArrayStorage or TemporalRecords or TemporalStorage
+        Picklable storage; a ``TemporalArrayStorage`` (or ``TemporalRecords`` of all its
+        records) is drawn from through its record index read by range, anything else
+        (a split's ``TemporalRecords``) from its ``frame_counts`` in memory. Its first
+        use in a worker happens in that worker.
     frames : int
         Window length in frames.
     fields : sequence of str, optional
@@ -138,11 +402,18 @@ class TemporalWindowSource:
         records.
     sampling : {"record", "window"}, default "record"
         See :class:`WindowSampler`.
+
+    Notes
+    -----
+    A request is a sample's ``(epoch, counter)``; its window is drawn when its batch is
+    read (on the I/O loop over object storage, where the index is read asynchronously).
+    A worker keeps its reader and sampler across epochs (persistent workers re-open and
+    re-read nothing).
     """
 
     def __init__(
         self,
-        storage: TemporalStorage,
+        storage: Any,
         frames: int,
         *,
         fields: Sequence[str] | None = None,
@@ -161,16 +432,10 @@ class TemporalWindowSource:
             else positive_integer(samples_per_epoch, "samples_per_epoch", error=LoaderConfigError)
         )
         self.sampling: Sampling = sampling
-        self._sampler: WindowSampler | None = None
+        self._counted: int | None = None
 
     def __repr__(self) -> str:
         return f"TemporalWindowSource({self.storage!r}, frames={self.frames}, seed={self.seed})"
-
-    def __getstate__(self) -> dict[str, Any]:
-        # The sampler holds per-record arrays; workers rebuild it from their own storage.
-        state = self.__dict__.copy()
-        state["_sampler"] = None
-        return state
 
     def identity(self) -> dict[str, Any]:
         return {
@@ -179,56 +444,115 @@ class TemporalWindowSource:
             "frames": self.frames,
             "sampling": self.sampling,
             "samples_per_epoch": self.samples_per_epoch,
+            # draws by rejection from the record index: orders saved before differ
+            "draws": "index",
         }
 
-    def _window_sampler(self, storage: TemporalStorage) -> WindowSampler:
-        if self._sampler is None:
-            self._sampler = WindowSampler(storage.frame_counts, self.frames, sampling=self.sampling)
-        return self._sampler
+    def _sampler(self, histogram: tuple[np.ndarray, np.ndarray]) -> WindowSampler:
+        return WindowSampler(histogram, self.frames, sampling=self.sampling)
 
     def count(self) -> int:
         if self.samples_per_epoch is not None:
             return self.samples_per_epoch
-        return self._window_sampler(self.storage).num_eligible
+        if self._counted is None:
+            indexed = _reads_by_index(self.storage)
+            if indexed is not None:
+                histogram = indexed.frame_histogram()
+            else:
+                histogram = CountsIndex(self.storage.frame_counts).frame_histogram()
+            self._counted = self._sampler(histogram).num_eligible
+        return self._counted
 
-    def num_samples(self, reader: TemporalStorage) -> int:
-        sampler = self._window_sampler(reader)
-        return (
-            self.samples_per_epoch if self.samples_per_epoch is not None else sampler.num_eligible
-        )
+    def num_samples(self, reader: _Windows) -> int:
+        if self.samples_per_epoch is not None:
+            return self.samples_per_epoch
+        return reader.sampler.num_eligible
 
-    def requests(
-        self, reader: TemporalStorage, indices: np.ndarray, epoch: int
-    ) -> Sequence[tuple[int, int]]:
-        records, starts = self._window_sampler(reader).draw(indices, seed=self.seed, epoch=epoch)
-        return list(zip(records.tolist(), starts.tolist(), strict=True))
+    def requests(self, reader: Any, indices: np.ndarray, epoch: int) -> Sequence[tuple[int, int]]:
+        return [(epoch, counter) for counter in np.asarray(indices, dtype=np.int64).tolist()]
 
-    def open_sync(self) -> AbstractContextManager[Any] | None:
-        if getattr(self.storage, "is_local", False) and hasattr(self.storage, "read_window"):
-            return contextlib.nullcontext(self.storage)
-        return None
+    # -- readers ------------------------------------------------------------------------------
+    def open_sync(self) -> AbstractContextManager[_Windows] | None:
+        if not getattr(self.storage, "is_local", False) or not hasattr(self.storage, "read_window"):
+            return None
+        return self._open_sync()
 
-    def open_async(self) -> AbstractAsyncContextManager[TemporalStorage]:
-        return contextlib.nullcontext(self.storage)
+    @contextlib.contextmanager
+    def _open_sync(self) -> Iterator[_Windows]:
+        indexed = _reads_by_index(self.storage)
+        if indexed is None:
+            index = CountsIndex(self.storage.frame_counts)
+            yield _Windows(index, self._sampler(index.frame_histogram()), self.storage,
+                           self.storage.read_window)  # fmt: skip
+            return
+        with indexed.sync_reader() as reader:
+            sampler = self._sampler(reader.frame_histogram())
+            yield _Windows(reader, sampler, reader, reader.read_window)
 
-    def read_many_sync(self, reader: Any, requests: list[tuple[int, int]]) -> list[Any]:
+    def open_async(self) -> AbstractAsyncContextManager[_Windows]:
+        return self._open_async()
+
+    @contextlib.asynccontextmanager
+    async def _open_async(self) -> AsyncIterator[_Windows]:
+        indexed = _reads_by_index(self.storage)
+        if indexed is None:
+            # a split's counts may be read through its storage's sync reader: off the loop
+            storage = self.storage
+            counts = await asyncio.to_thread(lambda: np.asarray(storage.frame_counts))
+            index = CountsIndex(counts)
+            yield _Windows(index, self._sampler(index.frame_histogram()), self.storage,
+                           self.storage.aread_window)  # fmt: skip
+            return
+        async with indexed.async_reader() as reader:
+            sampler = self._sampler(await reader.frame_histogram())
+            yield _Windows(reader, sampler, reader, reader.read_window)
+
+    # -- reads --------------------------------------------------------------------------------
+    def _draws(
+        self, reader: _Windows, requests: list[tuple[int, int]], candidates: int | None = None
+    ) -> list[tuple[Draw, Any]]:
+        """One draw per epoch among ``requests`` (a batch is one epoch's, bar a wrap)."""
+        epochs = np.asarray([epoch for epoch, _ in requests], dtype=np.int64)
+        counters = np.asarray([counter for _, counter in requests], dtype=np.int64)
+        out = []
+        for epoch in np.unique(epochs).tolist():
+            places = np.flatnonzero(epochs == epoch)
+            draw = reader.sampler.draws(
+                counters[places], seed=self.seed, epoch=epoch, candidates=candidates
+            )
+            out.append((draw, places))
+        return out
+
+    def _windows(
+        self, requests: list[tuple[int, int]], drawn: list[tuple[Any, Any]]
+    ) -> list[tuple[int, int]]:
+        windows: list[tuple[int, int]] = [(0, 0)] * len(requests)
+        for (records, starts), (_draw, places) in drawn:
+            for at, record, start in zip(places.tolist(), records.tolist(), starts.tolist(),
+                                         strict=True):  # fmt: skip
+                windows[at] = (record, start)
+        return windows
+
+    def read_many_sync(self, reader: _Windows, requests: list[tuple[int, int]]) -> list[Any]:
+        draws = self._draws(reader, requests, reader.candidates)
+        drawn = [(answer(draw, reader.index), (draw, places)) for draw, places in draws]
+        windows = self._windows(requests, drawn)
+        read, frames = reader.read, self.frames
         if self.fields is None:
-            return [reader.read_window(record, start, self.frames) for record, start in requests]
-        return [
-            reader.read_window(record, start, self.frames, self.fields)
-            for record, start in requests
-        ]
+            return [read(record, start, frames) for record, start in windows]
+        return [read(record, start, frames, self.fields) for record, start in windows]
 
-    async def read_many(
-        self, reader: TemporalStorage, requests: list[tuple[int, int]]
-    ) -> list[Any]:
+    async def read_many(self, reader: _Windows, requests: list[tuple[int, int]]) -> list[Any]:
+        # one proposal per round: index chunks are billed requests here, rounds overlap
+        # with the other batches in flight
+        draws = self._draws(reader, requests, candidates=1)
+        drawn = [(await answer_async(draw, reader.index), (draw, places)) for draw, places in draws]
+        windows = self._windows(requests, drawn)
+        read, frames = reader.read, self.frames
         if self.fields is None:
-            reads = [reader.aread_window(record, start, self.frames) for record, start in requests]
+            reads = [read(record, start, frames) for record, start in windows]
         else:
-            reads = [
-                reader.aread_window(record, start, self.frames, self.fields)
-                for record, start in requests
-            ]
+            reads = [read(record, start, frames, self.fields) for record, start in windows]
         return list(await asyncio.gather(*reads))
 
     def sample_span_bytes(self) -> int | None:

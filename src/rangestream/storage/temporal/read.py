@@ -3,8 +3,10 @@
 A window of some fields of one record is one :class:`~rangestream.layout.pieces.RowRead`
 per field group involved, whose outputs are the fields' new arrays (a field's bytes within
 the group's row); the executors do the rest (one range request per group and block fetched,
-or one copy per field out of a mapped block). On a mapped local dataset a window inside one
-block per group skips the program: ``OpenedTemporal.window_in_block``.
+or one copy per field out of a mapped block), after a step reading the record's index
+entry when it is not cached. On a mapped local dataset a window of a cached record inside
+one block per group skips the program: ``OpenedTemporal.window_in_block``. Whole records
+are the same reads for all their frames, many records in one step (``records``).
 """
 
 from __future__ import annotations
@@ -19,10 +21,10 @@ from rangestream.errors import UnknownFieldError
 from rangestream.layout.executors import BlockCopier, Program
 from rangestream.layout.pieces import Output, RowRead, StoredArray, in_one_block
 from rangestream.storage.opening import OpenedStorage
-from rangestream.storage.temporal.index import RecordIndex
+from rangestream.storage.temporal.index import FrameCounts, RecordIndex
 from rangestream.storage.temporal.schema import TemporalSchema
 
-__all__ = ["OpenedTemporal", "Selection"]
+__all__ = ["OpenedTemporal", "Selection", "as_written"]
 
 _MAX_CACHED_SELECTIONS = 64
 
@@ -44,6 +46,19 @@ class Selection:
 
     outputs: tuple[FieldOutput, ...]  # in the order the caller asked for
     groups: tuple[tuple[int, tuple[FieldOutput, ...]], ...]  # (group number, its fields)
+    torch: tuple[str, ...] = ()  # fields written as torch tensors, returned as tensors
+
+
+def as_written(result: dict[str, np.ndarray], names: tuple[str, ...]) -> dict[str, Any]:
+    """``result`` with the fields ``names`` as torch tensors sharing the arrays' memory
+    (writable, owning it through the array). Without torch installed they stay arrays."""
+    try:
+        from torch import from_numpy
+    except ImportError:  # a reader without torch still reads the data
+        return result
+    for name in names:
+        result[name] = from_numpy(result[name])
+    return result
 
 
 def select(schema: TemporalSchema, fields: Sequence[str] | None) -> Selection:
@@ -73,6 +88,7 @@ def select(schema: TemporalSchema, fields: Sequence[str] | None) -> Selection:
     return Selection(
         tuple(outputs),
         tuple((number, tuple(found)) for number, found in sorted(by_group.items())),
+        tuple(name for name in names if schema.by_name[name].array_type == "torch"),
     )
 
 
@@ -83,6 +99,8 @@ class OpenedTemporal(OpenedStorage):
         super().__init__(*args)
         self.index: RecordIndex = args[-1]
         self.schema = self.index.schema
+        #: Every record's frames, read by range when asked for (``FrameCounts``).
+        self.frame_counts = FrameCounts(self.index, self.run_sync)
         groups = self.schema.groups
         #: ``arrays[part][group number]``: each group's array in each shard.
         self.arrays: list[list[StoredArray]] = [
@@ -124,58 +142,66 @@ class OpenedTemporal(OpenedStorage):
 
     def window(
         self, record: int, start: int, frames: int, selection: Selection
-    ) -> Program[dict[str, np.ndarray]]:
-        """Program reading one checked window: one row read per selected group.
-
-        The fields' arrays are made once the rows are known to exist (``RowRead.ready``).
+    ) -> Program[dict[str, Any]]:
+        """Program reading one window (arguments checked by ``RecordIndex.check_arguments``):
+        the record's index entry if it is not cached (one request), then one row read per
+        selected group. The fields' arrays are made once the rows are known to exist
+        (``RowRead.ready``).
         """
         index = self.index
-        part = index.record_part.item(record)
-        first = index.record_start.item(record) + start
-        made: list[tuple[dict[str, np.ndarray], list[tuple[int, tuple[Output, ...]]]]] = []
+        entry = index.cached(record)
+        if entry is None:
+            (entry,) = yield from index.entries([record])
+        first_row, count, part = entry
+        index.check_window(record, start, frames, count)
+        window = _Window(self, selection, frames)
+        reads = window.reads(part, first_row + start)
+        if reads:
+            yield reads
+        return window.result()
 
-        def outputs_of(position: int) -> Callable[[RowRead], tuple[Output, ...]]:
-            def make(_read: RowRead) -> tuple[Output, ...]:
-                if not made:
-                    made.append(self._outputs(selection, frames))
-                return made[0][1][position][1]
-
-            return make
-
-        arrays = self.arrays[part]
+    def records(
+        self, records: Sequence[int], selection: Selection
+    ) -> Program[list[dict[str, Any]]]:
+        """Program reading whole records (checked indexes): their index entries in one step
+        if any is not cached, then every record's group rows in one step, whose ranges the
+        executor coalesces (adjacent records of a shard are one request per group)."""
+        index = self.index
+        entries = yield from index.entries(records)
+        windows = [_Window(self, selection, count) for _first, count, _part in entries]
         reads = [
-            RowRead(arrays[number], first, first + frames, make=outputs_of(position))
-            for position, (number, _outputs) in enumerate(selection.groups)
+            read
+            for window, (first_row, _count, part) in zip(windows, entries, strict=True)
+            for read in window.reads(part, first_row)
         ]
         if reads:
             yield reads
-        return made[0][0] if made else self._outputs(selection, frames)[0]
+        return [window.result() for window in windows]
 
     def window_in_block(
         self, record: Any, start: Any, frames: Any, fields: Sequence[str] | None
-    ) -> dict[str, np.ndarray] | None:
+    ) -> dict[str, Any] | None:
         """One window copied out of mapped blocks, or ``None`` (take ``window``).
 
-        The hot path of local windows: only plain ints inside the record, a ``fields``
-        argument seen before, and every group's rows inside one block that is mapped;
-        anything else, and every error, takes the checked program.
+        The hot path of local windows: only plain ints inside a record whose index entry is
+        cached, a ``fields`` argument seen before, and every group's rows inside one block
+        that is mapped; anything else, and every error, takes the checked program.
         """
         mapped = self.mapped
         if mapped is None or type(record) is not int or type(start) is not int:
             return None
         selection = self._selections.get(None if fields is None else tuple(fields))
         index = self.index
-        if (
-            selection is None
-            or type(frames) is not int
-            or frames <= 0
-            or not 0 <= record < len(index.frame_counts)
-            or start < 0
-            or start + frames > index.frame_counts.item(record)
-        ):
+        if selection is None or type(frames) is not int or frames <= 0 or start < 0:
             return None
-        part = index.record_part.item(record)
-        first = index.record_start.item(record) + start
+        if not 0 <= record < index.count:
+            return None
+        chunk, row = divmod(record, index.chunk_rows)
+        entry = index.chunks.get(chunk)
+        if entry is None or start + frames > entry.item(row, 1):
+            return None
+        part = entry.item(row, 2)
+        first = entry.item(row, 0) + start
         copiers = self.copiers
         groups = selection.groups
         if len(groups) > 1:  # every group's block must be there before any is counted
@@ -185,13 +211,52 @@ class OpenedTemporal(OpenedStorage):
                 found = in_one_block(array.layout, first, frames)
                 if found is None or copiers[number] is None:
                     return None  # crosses a block boundary: the program reads both parts
-                block, row = found
-                end_chunk = (row + frames - 1) // array.chunk_rows + 1
+                block, block_row = found
+                end_chunk = (block_row + frames - 1) // array.chunk_rows + 1
                 if mapped.mapping(array, block, end_chunk) is None:
                     return None
         result, outputs = self._outputs(selection, frames)
         for number, group_outputs in outputs:
             copy = copiers[number]
             if copy is None or not copy(part, first, frames, group_outputs):
-                return None  # only the first group can get here: nothing was counted
+                # only the first group can get here (nothing counted), or a block found
+                # truncated while mapped, whose error the program then raises
+                return None
+        if selection.torch:
+            return as_written(result, selection.torch)
+        return result
+
+
+class _Window:
+    """One window's (or record's) outputs, made on the first group read that is ready."""
+
+    __slots__ = ("frames", "made", "opened", "selection")
+
+    def __init__(self, opened: OpenedTemporal, selection: Selection, frames: int) -> None:
+        self.opened = opened
+        self.selection = selection
+        self.frames = frames
+        self.made: tuple[dict[str, np.ndarray], list[tuple[int, tuple[Output, ...]]]] | None = None
+
+    def _outputs_of(self, position: int) -> Callable[[RowRead], tuple[Output, ...]]:
+        def make(_read: RowRead) -> tuple[Output, ...]:
+            if self.made is None:
+                self.made = self.opened._outputs(self.selection, self.frames)
+            return self.made[1][position][1]
+
+        return make
+
+    def reads(self, part: int, first: int) -> list[RowRead]:
+        arrays = self.opened.arrays[part]
+        return [
+            RowRead(arrays[number], first, first + self.frames, make=self._outputs_of(position))
+            for position, (number, _outputs) in enumerate(self.selection.groups)
+        ]
+
+    def result(self) -> dict[str, Any]:
+        made = self.made
+        result = made[0] if made is not None else self.opened._outputs(self.selection,
+                                                                       self.frames)[0]  # fmt: skip
+        if self.selection.torch:
+            return as_written(result, self.selection.torch)
         return result

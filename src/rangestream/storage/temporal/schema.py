@@ -29,6 +29,7 @@ from rangestream.formats.field_values import fit_to_field
 from rangestream.layout.dtypes import dtype_from_json, dtype_to_json
 
 __all__ = [
+    "ARRAY_TYPES",
     "RECORD_ROWS",
     "FieldSpec",
     "GroupSpec",
@@ -60,13 +61,26 @@ def _describe_dtype(dtype: np.dtype[Any]) -> str:
     return str(_little(dtype).newbyteorder("="))
 
 
+#: How a field's windows are returned: as numpy arrays, or as torch tensors (the type the
+#: first record written gave it; ``"numpy"`` is the default and is not written out).
+ARRAY_TYPES = ("numpy", "torch")
+
+
+def is_torch_tensor(value: Any) -> bool:
+    """Whether ``value`` is a torch tensor, without importing torch."""
+    module = type(value).__module__ or ""
+    return module.split(".")[0] == "torch" and hasattr(value, "detach")
+
+
 @dataclass(frozen=True)
 class FieldSpec:
-    """One field of the schema: its name, stored dtype and trailing (per-frame) shape."""
+    """One field of the schema: its name, stored dtype, trailing (per-frame) shape, and
+    whether it was written (so is returned) as a numpy array or a torch tensor."""
 
     name: str
     dtype: np.dtype[Any]
     shape: tuple[int, ...]
+    array_type: str = "numpy"
 
     @property
     def frame_nbytes(self) -> int:
@@ -74,7 +88,8 @@ class FieldSpec:
 
     def describe(self) -> str:
         trailing = "".join(f", {extent}" for extent in self.shape)
-        return f"{_describe_dtype(self.dtype)} shaped (frames{trailing})"
+        kind = "" if self.array_type == "numpy" else f" ({self.array_type})"
+        return f"{_describe_dtype(self.dtype)} shaped (frames{trailing}){kind}"
 
 
 @dataclass(frozen=True)
@@ -117,14 +132,23 @@ def normalize_field_groups(field_groups: Any) -> tuple[tuple[str, ...], ...]:
     """Check ``field_groups`` (a list of lists of field names) and return it as tuples."""
     if field_groups is None:
         return ()
-    if isinstance(field_groups, (str, bytes)) or not isinstance(field_groups, Iterable):
+    if isinstance(field_groups, (str, bytes)):  # a value of the wrong shape, as LitData says
+        raise ValueError(
+            f"field_groups must be a list of lists of field names, got the string {field_groups!r}"
+        )
+    if not isinstance(field_groups, Iterable):
         raise TypeError(
             f"field_groups must be a list of lists of field names, got {field_groups!r}"
         )
     groups: list[tuple[str, ...]] = []
     seen: dict[str, int] = {}
     for number, group in enumerate(field_groups):
-        if isinstance(group, (str, bytes)) or not isinstance(group, Iterable):
+        if isinstance(group, (str, bytes)):  # ["clock"] where [["clock"]] was meant
+            raise ValueError(
+                f"field_groups[{number}] is the string {group!r}; each group is a list of "
+                f"field names (e.g. [[{group!r}]])"
+            )
+        if not isinstance(group, Iterable):
             raise TypeError(f"field_groups[{number}] must be a list of field names, got {group!r}")
         names = tuple(group)
         if not names:
@@ -158,8 +182,7 @@ def _as_array(name: str, value: Any) -> np.ndarray:
         except ValueError as error:  # ragged nesting
             raise InvalidRecordError(f"field {name!r}: {error}") from error
     elif not isinstance(value, np.ndarray):
-        module = type(value).__module__ or ""
-        if module.split(".")[0] == "torch" and hasattr(value, "detach"):
+        if is_torch_tensor(value):
             try:
                 value = value.detach().cpu().numpy()
             except (TypeError, RuntimeError) as error:
@@ -264,7 +287,12 @@ class TemporalSchema:
         """The schema a record defines; fields not named in ``field_groups`` stand alone."""
         arrays, _frames = record_arrays(record)
         fields = [
-            FieldSpec(name, _little(array.dtype), tuple(int(n) for n in array.shape[1:]))
+            FieldSpec(
+                name,
+                _little(array.dtype),
+                tuple(int(n) for n in array.shape[1:]),
+                "torch" if is_torch_tensor(record[name]) else "numpy",
+            )
             for name, array in arrays.items()
         ]
         by_name = {spec.name: spec for spec in fields}
@@ -296,7 +324,12 @@ class TemporalSchema:
         return {
             "version": SCHEMA_VERSION,
             "fields": [
-                {"name": f.name, "dtype": dtype_to_json(f.dtype), "shape": list(f.shape)}
+                {
+                    "name": f.name,
+                    "dtype": dtype_to_json(f.dtype),
+                    "shape": list(f.shape),
+                    **({} if f.array_type == "numpy" else {"type": f.array_type}),
+                }
                 for f in self.fields
             ],
             "groups": [
@@ -344,7 +377,13 @@ class TemporalSchema:
                 where,
                 f"field {name!r} shape {shape!r} is invalid",
             )
-            fields[name] = FieldSpec(name, _little(dtype), tuple(shape))
+            array_type = item.get("type", "numpy")
+            _require(
+                array_type in ARRAY_TYPES,
+                where,
+                f"field {name!r} type {array_type!r} is not one of {list(ARRAY_TYPES)}",
+            )
+            fields[name] = FieldSpec(name, _little(dtype), tuple(shape), array_type)
         groups_json = value.get("groups")
         _require(
             isinstance(groups_json, list) and len(groups_json) <= MAX_GROUPS,

@@ -3,9 +3,10 @@
 Per shard: one array per field group (``storage.temporal.schema``: a lone field keeps its
 dtype and shape, the fields of a listed group are interleaved per frame) and
 ``record_rows``, the first and end row of each record in those arrays
-(``storage.temporal.write``). Opening reads the root document and the record index, and
-every window afterwards, the first one included, costs one range request per selected group
-(one more only where a record longer than a block crosses a boundary).
+(``storage.temporal.write``). Opening reads the root document only, whatever the record
+count; a window costs one range request per selected group (one more where a record longer
+than a block crosses a boundary), and one more before those when its record's index entry
+is not cached yet (``storage.temporal.index``: the record index is read by range).
 
 The storage follows the lifecycle of every kind (``storage.opening``): its readers are
 faces of the version opened in their process. ``read_window`` and ``aread_window`` can also
@@ -17,26 +18,33 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
-from rangestream.arguments import positive_integer
-from rangestream.errors import MetadataError, SchemaMismatchError
+from rangestream.arguments import integer, positive_integer
+from rangestream.errors import MetadataError, OutOfRangeError, SchemaMismatchError
 from rangestream.io.local import INLINE_READ_BYTES
 from rangestream.io.range_reader import RangeReader
+from rangestream.io.ranges import ObjectRequest
 from rangestream.io.stats import IOStats
 from rangestream.io.store import ObjectStore
 from rangestream.layout.block import ArrayLayout
 from rangestream.layout.executors import Program
 from rangestream.layout.manifest import ROOT_KEY, Manifest, data_prefix
-from rangestream.layout.pieces import RowRead, StoredArray
+from rangestream.layout.pieces import StoredArray
 from rangestream.storage.base import Storage
 from rangestream.storage.options import LayoutOptions
 from rangestream.storage.readers import AsyncReader, SyncReader
-from rangestream.storage.temporal.index import RecordIndex
+from rangestream.storage.temporal.index import (
+    DEFAULT_INDEX_CACHE_BYTES,
+    FrameCounts,
+    RecordIndex,
+)
 from rangestream.storage.temporal.read import OpenedTemporal
 from rangestream.storage.temporal.schema import (
     RECORD_ROWS,
@@ -44,7 +52,11 @@ from rangestream.storage.temporal.schema import (
     normalize_field_groups,
 )
 from rangestream.storage.temporal.write import (
+    DEFAULT_WINDOW_FRAMES,
+    FRAME_STARTS_ARRAY,
+    HISTOGRAM_ARRAY,
     INDEX_ARRAY,
+    IndexLayouts,
     TemporalShardEncoder,
     group_layouts,
     write_record_index,
@@ -70,6 +82,23 @@ DEFAULT_TEMPORAL_BLOCK_BYTES = 16 * 1024 * 1024
 #: over-fetched by hundreds of frames around a short window.
 DEFAULT_CHUNK_FRAMES = 32
 _INDEX_CHUNK_BYTES = 8 * 1024
+
+
+_MAX_ARRAY_JSON_BYTES = 64 * 1024
+#: ``StoredArray.ident`` of the index arrays (group arrays count from 1).
+_INDEX_IDENT = 1 << 20
+
+
+def _array_length(raw: bytes, where: str, most: int) -> int:
+    """The length (first extent) of a Zarr array from its ``zarr.json``, at most ``most``."""
+    try:
+        shape = json.loads(raw)["shape"]
+        length = shape[0]
+    except (ValueError, KeyError, TypeError, IndexError, RecursionError) as error:
+        raise MetadataError(f"{where} is not a Zarr array document: {error}") from error
+    if type(length) is not int or not 0 <= length <= most:
+        raise MetadataError(f"{where}: length {length!r} is not in [0, {most}]")
+    return length
 
 
 def _concurrency(max_concurrency: int | None, max_concurrent_reads: int | None) -> int | None:
@@ -104,8 +133,18 @@ class TemporalArrayStorage(Storage):
         window (over-fetch). Unlisted fields are stored alone with their own dtype and shape.
         Readers discover the grouping from the store; if given when reading, it must match.
     chunk_frames
-        Most frames per inner chunk (default 32), so narrow groups are not over-fetched.
-        Inner chunks hold a power of two of frames.
+        Most frames per inner chunk (default 32). Inner chunks hold a power of two of
+        frames, chosen per field group by its row size so that a window of
+        ``window_frames`` frames fetches at most 25% more than its payload wherever it
+        starts (whole inner chunks and their checksums are the price of checking partial
+        reads); rows of a few bytes cannot meet that bound (their chunks' 4-byte
+        checksums alone exceed it) and get the chunk size that fetches least. Group small
+        fields together (``field_groups``) to read them without that cost.
+    window_frames
+        The window length (frames) that inner chunks are sized for (default 64).
+    index_cache_bytes
+        Bytes of record index entries a process keeps (default 4 MiB, 24 bytes per
+        record); larger datasets read the entries of the records they touch by range.
     **options
         See ``Storage``. ``chunk_bytes`` (default 8 KiB) is the target size of an inner
         chunk of a group array; ``block_bytes`` (default 16 MiB) bounds one stored block:
@@ -123,11 +162,15 @@ class TemporalArrayStorage(Storage):
         field_groups: Sequence[Sequence[str]] | None = None,
         *,
         chunk_frames: int = DEFAULT_CHUNK_FRAMES,
+        window_frames: int = DEFAULT_WINDOW_FRAMES,
+        index_cache_bytes: int = DEFAULT_INDEX_CACHE_BYTES,
         **options: Any,
     ) -> None:
         super().__init__(url, **options)
         self.field_groups = normalize_field_groups(field_groups)
         self.chunk_frames = positive_integer(chunk_frames, "chunk_frames")
+        self.window_frames = positive_integer(window_frames, "window_frames")
+        self.index_cache_bytes = positive_integer(index_cache_bytes, "index_cache_bytes")
         self._bound: TemporalSchema | None = None  # set on writer copies by the first record
         self._default_reader: TemporalReader | None = None
 
@@ -137,17 +180,22 @@ class TemporalArrayStorage(Storage):
         return state
 
     # -- layout and schema (writing) ------------------------------------------------------
-    def _index_layout(self) -> ArrayLayout:
-        return ArrayLayout.for_sizes(
-            _INT64,
-            (2,),
-            chunk_bytes=_INDEX_CHUNK_BYTES,
-            block_bytes=max(self.block_bytes, _INDEX_CHUNK_BYTES),
-            dense_chunks=self.dense_chunks,
-        )
+    def _index_layouts(self) -> IndexLayouts:
+        def layout(row_shape: tuple[int, ...]) -> ArrayLayout:
+            return ArrayLayout.for_sizes(
+                _INT64,
+                row_shape,
+                chunk_bytes=_INDEX_CHUNK_BYTES,
+                block_bytes=max(self.block_bytes, _INDEX_CHUNK_BYTES),
+                dense_chunks=self.dense_chunks,
+            )
+
+        return IndexLayouts(layout((2,)), layout(()), layout((2,)))
 
     def _group_layouts(self, schema: TemporalSchema) -> dict[str, ArrayLayout]:
-        return group_layouts(schema, self._layout, self.chunk_frames, self.chunk_bytes)
+        return group_layouts(
+            schema, self._layout, self.chunk_frames, self.chunk_bytes, self.window_frames
+        )
 
     def _array_layouts(self) -> dict[str, ArrayLayout]:
         layouts = {RECORD_ROWS: self._layout(_INT64, (2,), chunk_bytes=max(self.chunk_bytes, 8192))}
@@ -165,7 +213,13 @@ class TemporalArrayStorage(Storage):
 
     def _schema(self) -> dict[str, Any]:
         schema = self._bound if self._bound is not None else TemporalSchema([], [])
-        return {**schema.to_json(), "index": self._index_layout().to_json()}
+        layouts = self._index_layouts()
+        return {
+            **schema.to_json(),
+            "index": layouts.rows.to_json(),
+            "frame_starts": layouts.frame_starts.to_json(),
+            "frame_histogram": layouts.histogram.to_json(),
+        }
 
     def _bind_record(self, data: Any) -> TemporalArrayStorage:
         if self._bound is not None:
@@ -197,16 +251,32 @@ class TemporalArrayStorage(Storage):
         schema = self._bound if self._bound is not None else TemporalSchema([], [])
         reader = RangeReader(store, retry=self.retry)
         await write_record_index(
-            store, manifest, schema, self._index_layout(), reader, f"{self.url} (commit)"
+            store, manifest, schema, self._index_layouts(), reader, f"{self.url} (commit)"
         )
 
     # -- schema and index (opening) ---------------------------------------------------------
-    def _stored_schema(self, manifest: Manifest, where: str) -> tuple[TemporalSchema, ArrayLayout]:
+    def _stored_schema(
+        self, manifest: Manifest, where: str
+    ) -> tuple[TemporalSchema, ArrayLayout, ArrayLayout | None, ArrayLayout | None]:
         stored = manifest.schema
         schema = TemporalSchema.from_json(stored, where)
         index_layout = ArrayLayout.from_json(stored.get("index"), f"{where} index layout")
         if index_layout.dtype != _INT64 or index_layout.row_shape != (2,):
             raise MetadataError(f"{where}: the record index must be int64 rows of shape (2,)")
+        # the cumulative index and the histogram: absent from datasets written before them
+        starts_layout = histogram_layout = None
+        if "frame_starts" in stored:
+            starts_layout = ArrayLayout.from_json(stored["frame_starts"], f"{where} frame_starts")
+            if starts_layout.dtype != _INT64 or starts_layout.row_shape != ():
+                raise MetadataError(f"{where}: index/frame_starts must be int64 values")
+        if "frame_histogram" in stored:
+            histogram_layout = ArrayLayout.from_json(
+                stored["frame_histogram"], f"{where} frame_histogram"
+            )
+            if histogram_layout.dtype != _INT64 or histogram_layout.row_shape != (2,):
+                raise MetadataError(
+                    f"{where}: index/frame_histogram must be int64 rows of shape (2,)"
+                )
         expected = {RECORD_ROWS, *(group.array for group in schema.groups)}
         if set(manifest.arrays) != expected:
             raise MetadataError(
@@ -231,22 +301,41 @@ class TemporalArrayStorage(Storage):
                 f"{[list(group) for group in self.field_groups]} was given; changing the "
                 "grouping means rewriting (omit field_groups to read the stored layout)"
             )
-        return schema, index_layout
+        return schema, index_layout, starts_layout, histogram_layout
 
     def _check_schema(self, manifest: Manifest) -> None:
         self._stored_schema(manifest, f"{self.url}/{ROOT_KEY}")
 
     def _open_index(self, manifest: Manifest) -> Program[RecordIndex]:
+        """The record index, read by range later: opening reads nothing past the root."""
         where = f"{self.url}/{ROOT_KEY}"
-        schema, index_layout = self._stored_schema(manifest, where)
+        schema, index_layout, starts_layout, histogram_layout = self._stored_schema(manifest, where)
         total = int(manifest.lengths[RECORD_ROWS].sum())
-        records = np.empty((0, 2), dtype=_INT64)
-        if total:
-            key = f"{data_prefix(manifest.commit_id)}/{INDEX_ARRAY}"
-            read = RowRead.whole(StoredArray(key, index_layout, total, "record_rows"), 0, total)
-            yield [read]
-            records = read.target.reshape(-1).view(_INT64).reshape(-1, 2)
-        return RecordIndex(manifest, schema, records, where)
+        prefix = data_prefix(manifest.commit_id)
+        # idents apart from the group arrays' (``OpenedStorage.array`` counts from 1): mapped
+        # blocks are found by ident
+        rows = StoredArray(
+            f"{prefix}/{INDEX_ARRAY}", index_layout, total, "record_rows", _INDEX_IDENT
+        )
+        starts = None
+        if starts_layout is not None:
+            entries = -(-total // index_layout.chunk_rows) + 1
+            starts = StoredArray(f"{prefix}/{FRAME_STARTS_ARRAY}", starts_layout, entries,
+                                 "frame_starts", _INDEX_IDENT + 1)  # fmt: skip
+        histogram = None
+        if histogram_layout is not None:
+            key = f"{prefix}/{HISTOGRAM_ARRAY}"
+
+            def histogram() -> Program[StoredArray]:
+                # its length is the number of distinct frame counts: in its Zarr metadata
+                (raw,) = yield [ObjectRequest(f"{key}/zarr.json", _MAX_ARRAY_JSON_BYTES)]
+                length = _array_length(bytes(raw), f"{where}: {key}/zarr.json", total)
+                return StoredArray(
+                    key, histogram_layout, length, "frame_histogram", _INDEX_IDENT + 2
+                )
+
+        return RecordIndex(manifest, schema, rows, starts, histogram, where, self.index_cache_bytes)
+        yield  # a program: it reads nothing
 
     # -- readers ------------------------------------------------------------------------------
     def _reader(self) -> TemporalReader:
@@ -256,22 +345,51 @@ class TemporalArrayStorage(Storage):
         return reader
 
     @property
-    def frame_counts(self) -> np.ndarray:
-        """Frames of every record (read-only ``int64``), in global shard-by-shard order."""
+    def frame_counts(self) -> FrameCounts:
+        """Frames of every record, in global shard-by-shard order: a lazy read-only ``int64``
+        array-like (``counts[i]``, slices, index arrays, ``len``, iteration,
+        ``np.asarray``) that reads the record index by range as it is used."""
         return self._reader().frame_counts
 
     def __len__(self) -> int:
         """Number of records."""
         return len(self._reader())
 
-    def __getitem__(self, record: int) -> dict[str, np.ndarray]:
+    def __getitem__(self, record: int) -> dict[str, Any]:
         """The whole record: every field, all frames (negative indexes count from the end)."""
         return self._reader()[record]
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        """Every record, whole, in order (read a batch of records at a time)."""
+        return iter(self._reader())
 
     @property
     def fields(self) -> list[str]:
         """Field names, in the order of the first record written."""
         return self._reader().fields
+
+    def read_records(
+        self, records: Sequence[int], fields: Sequence[str] | None = None
+    ) -> list[dict[str, Any]]:
+        """See ``TemporalReader.read_records``."""
+        return self._reader().read_records(records, fields)
+
+    @property
+    def total_frames(self) -> int:
+        """Frames of all records together (read from the cumulative index once)."""
+        return self._reader().total_frames
+
+    def locate_frames(self, positions: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+        """See ``TemporalReader.locate_frames``."""
+        return self._reader().locate_frames(positions)
+
+    def frame_histogram(self) -> tuple[np.ndarray, np.ndarray]:
+        """See ``TemporalReader.frame_histogram``."""
+        return self._reader().frame_histogram()
+
+    def count_windows(self, frames: int) -> tuple[int, int]:
+        """See ``TemporalReader.count_windows``."""
+        return self._reader().count_windows(frames)
 
     def read_window(
         self,
@@ -282,7 +400,7 @@ class TemporalArrayStorage(Storage):
         *,
         max_concurrency: int | None = None,
         max_concurrent_reads: int | None = None,
-    ) -> dict[str, np.ndarray]:
+    ) -> dict[str, Any]:
         """Frames ``[start, start + frames)`` of some fields of one record.
 
         Parameters
@@ -292,7 +410,8 @@ class TemporalArrayStorage(Storage):
         start, frames
             The window; it must lie inside the record (no padding, no truncation).
         fields
-            Field names to return; ``None`` means all, ``[]`` returns ``{}`` without reading.
+            Field names to return (each at most once); ``None`` means all, ``[]`` returns
+            ``{}`` without reading.
         max_concurrency, max_concurrent_reads
             Requests in flight for this window (one name or the other; LitData calls it
             ``max_concurrent_reads``); the storage's ``max_concurrency`` by default.
@@ -300,10 +419,12 @@ class TemporalArrayStorage(Storage):
         Returns
         -------
         dict
-            Field name to a new numpy array ``(frames, *trailing)`` with the stored dtype,
-            writable and owning its memory. On a local path the window is copied out of
-            memory-mapped blocks in the calling thread; elsewhere the bytes are fetched on
-            the process's I/O loop.
+            Field name to a new array ``(frames, *trailing)`` with the stored dtype,
+            writable and owning its memory: a numpy array, or a torch tensor for a field
+            written as one. On a local path the window is copied out of memory-mapped
+            blocks in the calling thread; elsewhere the bytes are fetched on the
+            process's I/O loop. The first window of a record whose index entry is not
+            cached reads it first (one more request).
         """
         return self._reader().read_window(
             record, start, frames, fields,
@@ -319,7 +440,7 @@ class TemporalArrayStorage(Storage):
         *,
         max_concurrency: int | None = None,
         max_concurrent_reads: int | None = None,
-    ) -> dict[str, np.ndarray]:
+    ) -> dict[str, Any]:
         """``read_window`` for async callers; many may run at once on any event loop.
 
         The bound on requests in flight holds for this call; the process-wide bound
@@ -341,7 +462,7 @@ class TemporalArrayStorage(Storage):
 
     def close(self) -> None:
         """Release this process's open files, mappings or I/O-loop connections; reads make
-        them again (the opened version, record index included, is kept)."""
+        them again (the opened version, record index cache included, is kept)."""
         opened = self._default_opening.opened.value
         if opened is not None:
             opened.release_sync()
@@ -363,8 +484,8 @@ class _TemporalFacts:
     opened: Any
 
     @property
-    def frame_counts(self) -> np.ndarray:
-        return self.opened.index.frame_counts  # type: ignore[no-any-return]
+    def frame_counts(self) -> FrameCounts:
+        return self.opened.frame_counts  # type: ignore[no-any-return]
 
     @property
     def fields(self) -> list[str]:
@@ -374,14 +495,88 @@ class _TemporalFacts:
         return len(self.opened.index)
 
 
+#: Records read per step when iterating whole records.
+_ITERATION_RECORDS = 64
+
+
 class TemporalReader(_TemporalFacts, SyncReader):
     """Sync windows and records of a temporal storage."""
 
-    def __getitem__(self, record: int) -> dict[str, np.ndarray]:
+    def __getitem__(self, record: int) -> dict[str, Any]:
         """The whole record: every field, all frames (negative indexes count from the end)."""
-        index = self.opened.index
-        record = index.check_record(record)
-        return self.read_window(record, 0, index.frame_counts.item(record))
+        opened = self.opened
+        record = opened.index.check_record(record)
+        (result,) = opened.run_sync(opened.records([record], opened.selection(None)))
+        return result  # type: ignore[no-any-return]
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        count = len(self)
+        for low in range(0, count, _ITERATION_RECORDS):
+            yield from self.read_records(range(low, min(count, low + _ITERATION_RECORDS)))
+
+    def read_records(
+        self, records: Sequence[int], fields: Sequence[str] | None = None
+    ) -> list[dict[str, Any]]:
+        """Whole records (negative indexes count from the end), read together: their index
+        entries in one round if any is missing, then one round of coalesced ranges."""
+        opened = self.opened
+        checked = [opened.index.check_record(record) for record in records]
+        selection = opened.selection(fields)
+        if not checked:
+            return []
+        return opened.run_sync(opened.records(checked, selection))  # type: ignore[no-any-return]
+
+    @property
+    def total_frames(self) -> int:
+        """Frames of all records together."""
+        opened = self.opened
+        return int(opened.run_sync(opened.index.frame_starts())[-1])
+
+    def locate_frames(self, positions: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+        """The record holding each global frame number, and the frame's number within it.
+
+        Global frames number the frames of record 0, then record 1, and so on
+        (``[0, total_frames)``). This is what a sampler needs to draw windows uniformly
+        over all frames of a dataset of any size: it reads the cumulative index
+        (``index/frame_starts``, 8 bytes per inner chunk of the record index) once, then
+        the record index chunk holding each position (cached), never every record.
+
+        Returns
+        -------
+        records, starts : numpy.ndarray
+            ``int64`` arrays shaped like ``positions``.
+        """
+        opened = self.opened
+        return opened.run_sync(opened.index.locate_frames(np.asarray(positions)))  # type: ignore[no-any-return]
+
+    def frame_histogram(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(frames, records)``: every distinct frame count, ascending, and how many
+        records have it, read once from ``index/frame_histogram``."""
+        opened = self.opened
+        return opened.run_sync(opened.index.histogram())  # type: ignore[no-any-return]
+
+    def count_windows(self, frames: int) -> tuple[int, int]:
+        """``(records, windows)``: records with at least ``frames`` frames, and distinct
+        ``(record, start)`` windows of ``frames`` frames, from the histogram."""
+        return _count_windows(self.frame_histogram(), frames)
+
+    @property
+    def index_in_memory(self) -> bool:
+        """Whether the whole record index fits in the index cache (``index_cache_bytes``):
+        read once, then every index question is answered from memory."""
+        return bool(self.opened.index.whole_fits)
+
+    def frame_counts_of(self, records: npt.ArrayLike) -> np.ndarray:
+        """Frames of the records ``records`` (an integer array, any order): the index
+        chunks holding them are read (and cached) as for windows, nothing else."""
+        opened = self.opened
+        return opened.run_sync(opened.index.counts_of(_record_array(records)))  # type: ignore[no-any-return]
+
+    def frame_counts_between(self, low: int, high: int) -> np.ndarray:
+        """Frames of records ``[low, high)``, read in bounded pieces (16 bytes a record)."""
+        opened = self.opened
+        low, high = _record_span(low, high, len(opened.index))
+        return opened.run_sync(opened.index.counts(low, high))  # type: ignore[no-any-return]
 
     def read_window(
         self,
@@ -392,7 +587,7 @@ class TemporalReader(_TemporalFacts, SyncReader):
         *,
         max_concurrency: int | None = None,
         max_concurrent_reads: int | None = None,
-    ) -> dict[str, np.ndarray]:
+    ) -> dict[str, Any]:
         """See ``TemporalArrayStorage.read_window``."""
         opened = self._opening.opened.value or self._opening.get_sync()
         if max_concurrency is None and max_concurrent_reads is None:
@@ -402,7 +597,7 @@ class TemporalReader(_TemporalFacts, SyncReader):
             bound = None
         else:
             bound = _concurrency(max_concurrency, max_concurrent_reads)
-        record, start, frames = opened.index.check_window(record, start, frames)
+        record, start, frames = opened.index.check_arguments(record, start, frames)
         selection = opened.selection(fields)
         if not selection.outputs:
             return {}
@@ -411,7 +606,7 @@ class TemporalReader(_TemporalFacts, SyncReader):
 
 
 class AsyncTemporalReader(_TemporalFacts, AsyncReader):
-    """Async windows of a temporal storage."""
+    """Async windows and records of a temporal storage."""
 
     async def read_window(
         self,
@@ -422,12 +617,83 @@ class AsyncTemporalReader(_TemporalFacts, AsyncReader):
         *,
         max_concurrency: int | None = None,
         max_concurrent_reads: int | None = None,
-    ) -> dict[str, np.ndarray]:
+    ) -> dict[str, Any]:
         opened = await self._opened()
         return await _aread_window(
             opened, record, start, frames, fields,
             _concurrency(max_concurrency, max_concurrent_reads),
         )  # fmt: skip
+
+    async def read_records(
+        self,
+        records: Sequence[int],
+        fields: Sequence[str] | None = None,
+        *,
+        max_concurrency: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """``TemporalReader.read_records`` on the running loop."""
+        opened = await self._opened()
+        checked = [opened.index.check_record(record) for record in records]
+        selection = opened.selection(fields)
+        if not checked:
+            return []
+        return await opened.run(  # type: ignore[no-any-return]
+            opened.records(checked, selection), max_concurrency=max_concurrency
+        )
+
+    async def get(self, record: int) -> dict[str, Any]:
+        """The whole record (``await reader.get(i)``)."""
+        (result,) = await self.read_records([record])
+        return result
+
+    # -- the record index, as the sync reader's (see ``TemporalReader``) ---------------------
+    async def frame_histogram(self) -> tuple[np.ndarray, np.ndarray]:
+        """``TemporalReader.frame_histogram`` on the running loop."""
+        opened = await self._opened()
+        return await opened.run(opened.index.histogram())  # type: ignore[no-any-return]
+
+    async def count_windows(self, frames: int) -> tuple[int, int]:
+        """``TemporalReader.count_windows`` on the running loop."""
+        return _count_windows(await self.frame_histogram(), frames)
+
+    async def locate_frames(self, positions: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+        """``TemporalReader.locate_frames`` on the running loop."""
+        opened = await self._opened()
+        return await opened.run(opened.index.locate_frames(np.asarray(positions)))  # type: ignore[no-any-return]
+
+    async def frame_counts_of(self, records: npt.ArrayLike) -> np.ndarray:
+        """``TemporalReader.frame_counts_of`` on the running loop."""
+        opened = await self._opened()
+        return await opened.run(opened.index.counts_of(_record_array(records)))  # type: ignore[no-any-return]
+
+    async def frame_counts_between(self, low: int, high: int) -> np.ndarray:
+        """``TemporalReader.frame_counts_between`` on the running loop."""
+        opened = await self._opened()
+        low, high = _record_span(low, high, len(opened.index))
+        return await opened.run(opened.index.counts(low, high))  # type: ignore[no-any-return]
+
+
+def _count_windows(histogram: tuple[np.ndarray, np.ndarray], frames: int) -> tuple[int, int]:
+    frames = positive_integer(frames, "frames")
+    values, records = histogram
+    eligible = values >= frames
+    return int(records[eligible].sum()), int(
+        (records[eligible] * (values[eligible] - frames + 1)).sum()
+    )
+
+
+def _record_array(records: npt.ArrayLike) -> np.ndarray:
+    array = np.asarray(records)
+    if array.size and array.dtype.kind not in "iu":
+        raise TypeError(f"records must be integers, got dtype {array.dtype}")
+    return array.astype(np.int64).reshape(-1)
+
+
+def _record_span(low: int, high: int, count: int) -> tuple[int, int]:
+    low, high = integer(low, "low"), integer(high, "high")
+    if not 0 <= low <= high <= count:
+        raise OutOfRangeError(f"records [{low}, {high}) are not within the dataset's {count}")
+    return low, high
 
 
 async def _aread_window(
@@ -437,8 +703,8 @@ async def _aread_window(
     frames: Any,
     fields: Sequence[str] | None,
     bound: int | None,
-) -> dict[str, np.ndarray]:
-    record, start, frames = opened.index.check_window(record, start, frames)
+) -> dict[str, Any]:
+    record, start, frames = opened.index.check_arguments(record, start, frames)
     selection = opened.selection(fields)
     if not selection.outputs:
         return {}
