@@ -127,7 +127,7 @@ class OpenedStream(OpenedStorage):
         self.itemsize = self.dtype.itemsize
         self.format: Any = self.storage.storage_format  # type: ignore[attr-defined]
         self.unpack = self.format.unpack
-        self._streams = [self.array(shard, "stream") for shard in self.shard_ids]
+        self._streams = self.arrays_of("stream")  # made per shard when first read
         self._segment_arrays: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
         self._window_readers: dict[tuple[int, int], Callable[[int], Any]] = {}
 
@@ -232,21 +232,26 @@ class OpenedStream(OpenedStorage):
         bounds, dtype, itemsize = self._bounds, self.dtype, self.itemsize
         last = bounds[-1] - length
         unpack, empty, bisect_right = self.unpack, np.empty, bisect.bisect_right
-        segments = [self.segment_arrays(length, part) for part in range(len(self._streams))]
-        # the last start of a window inside each shard (bisect skips empty shards)
-        inside = [bounds[part + 1] - length for part in range(len(self._streams))]
+        segment_arrays = self.segment_arrays
+        # unpack's segment arrays by shard position, made as shards are first read
+        segments: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
         def read(index: int) -> Any:
             start = index * stride
             if start < 0 or start > last:
                 return None
-            part = bisect_right(bounds, start) - 1
-            if start > inside[part]:
+            part = bisect_right(bounds, start) - 1  # (bisect skips empty shards)
+            if start > bounds[part + 1] - length:
                 return None  # spans shards
             out = empty(length, dtype)
             if not copy(part, start - bounds[part], length, ((out, 0, itemsize),)):
                 return None
-            lengths, shards = segments[part]
+            segment = segments.get(part)
+            if segment is None:
+                if len(segments) >= _MAX_SEGMENT_ARRAYS:
+                    segments.clear()
+                segment = segments[part] = segment_arrays(length, part)
+            lengths, shards = segment
             return unpack(out, lengths, shards)
 
         if len(self._window_readers) >= 64:

@@ -1,0 +1,195 @@
+"""Opening: constant requests whatever the shards, a few bytes per shard, nothing per epoch.
+
+A dataset of more shards than the root lists (``INLINE_SHARDS``) opens with exactly two
+requests: the root, then the shard table (8 bytes per shard and column). Memory held after
+opening grows by the table and the stream's bounds, not by Python objects per shard. A
+reader released between two event loops (a persistent DataLoader worker's epochs) opens
+nothing again and keeps what it learnt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from support.s3 import Location
+
+from rangestream import DocumentStorage, StreamDataset, StreamNumpyFormat, StreamStorage
+from rangestream.io.stats import IOStats
+from rangestream.layout.manifest import INLINE_SHARDS, shard_table_layout
+
+TOKENS = np.dtype([("t", "<i4")])
+
+
+class Raw:
+    payload_encoding = "raw"
+
+    def pack(self, data: bytes) -> bytes:
+        return data
+
+    def unpack(self, data: Any, shard: int) -> bytes:
+        return bytes(data)
+
+
+def claimed(path: Path, shards: int) -> StreamStorage:
+    """A stream of ``shards`` shards of 7 tokens; only shard 0 holds objects.
+
+    The others are listed by a part manifest as a writer lists its shards: the commit, the
+    root and the index are those of ``shards`` written shards, and opening reads nothing
+    else, so the open's cost is measured without writing thousands of shards.
+    """
+    storage = StreamStorage(path, StreamNumpyFormat(TOKENS))
+    session = storage.parallel_write()
+    with session.sync_writer(part_id="written") as writer:
+        writer.append(0, {"t": np.arange(7, dtype="<i4")})
+    rows = {"stream": 7, "record_ends": 1}
+    part = {"part_id": "claimed", "shards": {str(s): rows for s in range(1, shards)}}
+    (path / session.prefix / "parts" / "claimed.json").write_text(json.dumps(part))
+    session.commit()
+    return storage
+
+
+def open_cost(storage: StreamStorage) -> tuple[int, int, int]:
+    """Requests, bytes and traced memory held of an open and a first window."""
+    with StreamStorage(storage.url, StreamNumpyFormat(TOKENS)).sync_reader() as warm:
+        warm.read(0, 7)  # imports and lazy module state, outside the measure
+    gc.collect()
+    tracemalloc.start()
+    try:
+        reader = storage.sync_reader()
+        reader.__enter__()
+        stats = reader.stats
+        assert reader.read(0, 7)["t"].tolist() == list(range(7))
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    reader.close()
+    return stats.requests, stats.bytes, held
+
+
+def table_bytes(shards: int, columns: int) -> int:
+    """Bytes of the inner chunks holding ``shards`` table rows (what opening fetches)."""
+    layout = shard_table_layout(columns - 1)
+    chunks = -(-shards // layout.chunk_rows)
+    return chunks * layout.stored_chunk_nbytes
+
+
+def test_few_shards_open_with_the_root_alone(tmp_path: Path) -> None:
+    storage = claimed(tmp_path / "ds", INLINE_SHARDS)
+    requests, nbytes, _ = open_cost(storage)
+    assert requests == 1
+    assert nbytes == (tmp_path / "ds" / "zarr.json").stat().st_size
+
+
+@pytest.mark.parametrize("shards", [INLINE_SHARDS + 1, 5000, 40_000])
+def test_many_shards_open_with_the_root_and_one_table_read(tmp_path: Path, shards: int) -> None:
+    storage = claimed(tmp_path / "ds", shards)
+    requests, nbytes, _ = open_cost(storage)
+    root = (tmp_path / "ds" / "zarr.json").stat().st_size
+    assert root < 4096  # the count, totals and layouts: no list of shards
+    assert requests == 2
+    assert nbytes == root + table_bytes(shards, 3)
+
+
+def test_memory_held_after_opening_grows_by_well_under_100_bytes_per_shard(
+    tmp_path: Path,
+) -> None:
+    few = open_cost(claimed(tmp_path / "few", 4000))[2]
+    many = open_cost(claimed(tmp_path / "many", 40_000))[2]
+    # the table (24 B per shard), its cumulative bounds (8 B) and the bisect list (~36 B)
+    assert (many - few) / 36_000 < 100
+
+
+def test_a_hundred_thousand_shards_open_within_ten_megabytes(tmp_path: Path) -> None:
+    requests, nbytes, held = open_cost(claimed(tmp_path / "ds", 100_000))
+    assert requests == 2 and nbytes < 100_000 * 25 + 4096
+    assert held < 10 * 1024 * 1024
+
+
+def test_windows_of_a_dataset_of_many_shards_with_gaps_equal_the_tokens_written(
+    tmp_path: Path,
+) -> None:
+    rng = np.random.default_rng(3)
+    storage = StreamStorage(tmp_path / "ds", StreamNumpyFormat(TOKENS), chunk_bytes=64)
+    ids = np.sort(rng.choice(4 * INLINE_SHARDS, INLINE_SHARDS + 200, replace=False))
+    pieces = []
+    with storage.sync_writer() as writer:
+        for shard in ids:
+            tokens = rng.integers(0, 1 << 30, int(rng.integers(1, 40))).astype("<i4")
+            writer.append(int(shard), {"t": tokens})
+            pieces.append(tokens)
+    truth = np.concatenate(pieces)
+    with StreamDataset(storage, 15, stride=1).sync_reader() as reader:
+        assert reader.storage_reader.stats.requests == 2  # root and shard table
+        assert reader.storage_reader.num_shards == int(ids[-1]) + 1
+        assert reader.storage_reader.length(int(ids[7])) == len(pieces[7])
+        assert reader.storage_reader.length(int(ids[7]) + 4 * INLINE_SHARDS) == 0
+        for start in rng.integers(0, len(truth) - 15, 300).tolist():
+            np.testing.assert_array_equal(reader[start]["t"], truth[start : start + 15])
+        starts = rng.integers(0, len(truth) - 15, 40).tolist()
+        for start, window in zip(starts, reader.read_many(starts), strict=True):
+            np.testing.assert_array_equal(window["t"], truth[start : start + 15])
+
+
+def test_documents_of_a_dataset_of_many_shards_are_read_back(tmp_path: Path) -> None:
+    storage = DocumentStorage(tmp_path / "docs", Raw(), chunk_bytes=64)
+    documents = [bytes([i % 251]) * (i % 13 + 1) for i in range(INLINE_SHARDS + 300)]
+    with storage.sync_writer() as writer:
+        for shard, document in enumerate(documents):
+            writer.append(shard * 2, document)
+    with storage.sync_reader() as reader:
+        assert reader.stats.requests == 2
+        picks = np.random.default_rng(0).permutation(len(documents))[:200].tolist()
+        assert reader.read_many(picks) == [documents[i] for i in picks]
+        assert reader.length(2 * 17) == 1 and reader.length(2 * 17 + 1) == 0
+
+
+def test_a_reader_released_between_loops_opens_nothing_on_the_next_one(
+    location: Location,
+) -> None:
+    storage = DocumentStorage(location.child("docs"), Raw(),
+                              storage_options=location.storage_options)  # fmt: skip
+    documents = [bytes([i]) * (100 + i) for i in range(200)]
+    with storage.sync_writer() as writer:
+        for i, document in enumerate(documents):
+            writer.append(i // 100, document)  # global order is i
+    reader = storage.async_reader()
+    picks = [5, 150, 77, 3]
+
+    async def epoch(opening: bool = False) -> Any:
+        if opening:
+            await reader.__aenter__()
+        before = IOStats() if opening else reader.stats.copy()
+        got = await reader.read_many(picks)
+        spent = reader.stats - before
+        await reader.arelease()  # before this loop closes
+        return got, spent
+
+    async def first() -> Any:
+        return await epoch(opening=True)
+
+    got, opened = asyncio.run(first())
+    assert got == [documents[i] for i in picks]
+    assert opened.by_key_kind["zarr.json"] == 1 and opened.by_key_kind["payload_offsets"] == 2
+    got, again = asyncio.run(epoch())  # a new loop, as a persistent worker's next epoch
+    assert got == [documents[i] for i in picks]
+    assert again.by_key_kind == {"payload_heap": again.by_key_kind["payload_heap"]}
+    asyncio.run(reader.aclose())
+
+
+def test_a_sync_reader_released_keeps_its_version_and_reads_on(tmp_path: Path) -> None:
+    storage = claimed(tmp_path / "ds", 3)
+    with storage.sync_reader() as reader:
+        reader.read(0, 7)
+        opened = reader.opened
+        reader.release()
+        before = reader.stats.copy()
+        assert reader.read(0, 7)["t"].tolist() == list(range(7))
+        assert reader.opened is opened
+        assert "zarr.json" not in (reader.stats - before).by_key_kind
