@@ -122,7 +122,7 @@ class OpenedStream(OpenedStorage):
         bounds = self.bounds("stream")
         self.stream_bounds = bounds
         self.total_length = int(bounds[-1])
-        self._bounds = [int(b) for b in bounds]  # bisect on ints beats numpy here
+        self._bounds: list[int] = bounds.tolist()  # bisect on ints beats numpy here
         self.dtype = self.manifest.arrays["stream"].dtype
         self.itemsize = self.dtype.itemsize
         self.format: Any = self.storage.storage_format  # type: ignore[attr-defined]
