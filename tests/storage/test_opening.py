@@ -193,3 +193,13 @@ def test_a_sync_reader_released_keeps_its_version_and_reads_on(tmp_path: Path) -
         assert reader.read(0, 7)["t"].tolist() == list(range(7))
         assert reader.opened is opened
         assert "zarr.json" not in (reader.stats - before).by_key_kind
+
+
+def test_shard_ids_find_positions_by_arithmetic_or_bisection() -> None:
+    from rangestream.storage.opening import ShardIds
+
+    dense, sparse = ShardIds(np.arange(5)), ShardIds(np.asarray([0, 2, 7]))
+    assert [dense.position(s) for s in (0, 4, 5, -1)] == [0, 4, None, None]
+    assert [sparse.position(s) for s in (0, 2, 3, 7, 8)] == [0, 1, None, 2, None]
+    assert list(sparse) == [0, 2, 7] and sparse[1:] == [2, 7] and sparse[-1] == 7
+    assert np.int64(7) in sparse and 3 not in sparse and "7" not in sparse

@@ -13,6 +13,7 @@ version.
 from __future__ import annotations
 
 import asyncio
+import operator
 import weakref
 from collections.abc import Generator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, overload
@@ -80,7 +81,11 @@ class ShardIds(Sequence[int]):
         return iter(self._ids.tolist())
 
     def __contains__(self, shard: object) -> bool:
-        return isinstance(shard, int) and self.position(shard) is not None
+        try:
+            number = operator.index(shard)  # type: ignore[arg-type]
+        except TypeError:
+            return False
+        return self.position(number) is not None
 
     def position(self, shard: int) -> int | None:
         """Where shard ``shard`` is in the version (``None``: it has no rows)."""
