@@ -32,8 +32,8 @@ test: $(VENV)/.installed
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check src tests benchmarks
-	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks testkit
+	$(VENV)/bin/ruff format --check src tests benchmarks testkit
 
 bench: $(VENV)/.installed
 	$(PY) -m benchmarks run

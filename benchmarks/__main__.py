@@ -3,10 +3,12 @@
 - ``setup``: install the peers (LitData into this environment without its torchvision
   dependency; MosaicML Streaming into its own virtualenv). Idempotent.
 - ``run [--quick] [--only WORKLOAD] [--systems A,B] [--latency-ms 20]``: generate data, start
-  the S3 server and proxy, measure every system on the same windows, write
+  the S3 server and proxy, measure every system on the same windows, replay each system's
+  GETs (the S3 ceiling), measure shuffle quality from each loader's emitted order, write
   ``docs/benchmarks.md`` and ``docs/benchmarks.png``. Installs what is missing first.
 - ``report``: re-render the docs from the last results file (no measuring).
-- ``ingest [--size-mb 100] [--workers 2]``: conversion speed (see ``benchmarks/ingest.py``).
+- ``ingest [--size-mb 100] [--workers 2]``: conversion speed (see ``benchmarks/ingest.py``),
+  rendered as a section of ``docs/benchmarks.md`` from its own results.
 """
 
 from __future__ import annotations
@@ -19,9 +21,12 @@ from pathlib import Path
 
 from benchmarks.config import (
     FULL_BUDGET,
+    FULL_SHUFFLE,
     FULL_SIZES,
     QUICK_BUDGET,
+    QUICK_SHUFFLE,
     QUICK_SIZES,
+    SHUFFLE_QUALITY,
     WORK_DIR,
     WORKLOADS,
     RunConfig,
@@ -40,7 +45,17 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--no-mosaic", action="store_true", help="skip the MosaicML virtualenv")
     r = sub.add_parser("run", help="measure and write docs/benchmarks.md + .png")
     r.add_argument("--quick", action="store_true", help="~2M tokens, short repeats (< 5 min)")
-    r.add_argument("--only", action="append", choices=WORKLOADS, help="workload (repeatable)")
+    r.add_argument(
+        "--only",
+        action="append",
+        choices=(*WORKLOADS, SHUFFLE_QUALITY),
+        help="workload or section (repeatable); default: every workload and shuffle-quality",
+    )
+    r.add_argument(
+        "--no-shuffle-quality",
+        action="store_true",
+        help="leave out the shuffle-quality section (emitted orders of the shuffled loaders)",
+    )
     r.add_argument("--systems", help="comma-separated system names (default: all)")
     r.add_argument("--latency-ms", type=float, default=20.0, help="delay added per S3 request")
     r.add_argument(
@@ -50,8 +65,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--reprepare",
         metavar="FAMILIES",
-        help="comma-separated families (rangestream, litdata-window, litdata-dataset, mosaic, "
-        "ceiling) or 'all' whose prepared data is rewritten, e.g. after a format change",
+        help="comma-separated families (rangestream, litdata-window, litdata-dataset, mosaic) "
+        "or 'all' whose prepared data is rewritten, e.g. after a format change",
     )
     r.add_argument("--out", type=Path, help="markdown path (default docs/benchmarks.md)")
     rep = sub.add_parser("report", help="re-render docs from the last results")
@@ -87,11 +102,14 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_setup:
         for problem in environment.ensure():
             print(f"warning: {problem}", file=sys.stderr)
+    only = tuple(args.only or (*WORKLOADS, SHUFFLE_QUALITY))
+    shuffle = SHUFFLE_QUALITY in only and not args.no_shuffle_quality
     config = RunConfig(
         quick=args.quick,
         latency_ms=args.latency_ms,
         concurrency=tuple(int(c) for c in args.concurrency.split(",")),
-        workloads=tuple(args.only) if args.only else WORKLOADS,
+        workloads=tuple(w for w in only if w in WORKLOADS),
+        shuffle=(QUICK_SHUFFLE if args.quick else FULL_SHUFFLE) if shuffle else None,
         systems=tuple(args.systems.split(",")) if args.systems else None,
         sizes=QUICK_SIZES if args.quick else FULL_SIZES,
         budget=QUICK_BUDGET if args.quick else FULL_BUDGET,

@@ -19,8 +19,7 @@ DOCS_DIR = REPO_ROOT / "docs"
 MOSAIC_VENV = WORK_DIR / "venv-mosaic"
 
 # SeaweedFS serves objects above 4 MiB as 4 MiB pieces, which makes range GETs much slower
-# (ARCHITECTURE.md). Real S3 has no such cliff, so every system's objects are kept below it
-# and the S3 ceiling is measured on objects of this size.
+# (ARCHITECTURE.md). Real S3 has no such cliff, so every system's objects are kept below it.
 OBJECT_BYTES = 4 * 1024 * 1024
 # Chunk/shard byte limit handed to LitData and MosaicML: below OBJECT_BYTES with room for
 # their own headers, so that each of their objects is also served as one piece.
@@ -30,10 +29,16 @@ PEER_CHUNK_BYTES = OBJECT_BYTES - 64 * 1024
 LOADER_WORKERS = 2
 LOADER_BATCH = 8
 
-WORKLOADS = ("tokens-random", "tokens-sequential", "temporal", "documents")
+WORKLOADS = ("tokens-random", "tokens-sequential", "tokens-shuffled", "temporal", "documents")
+#: workloads only DataLoaders run: a shuffled epoch, in the order each loader chooses (the
+#: systems return every window of the list once, in their own order: ``Support.any_order``)
+LOADER_WORKLOADS = ("tokens-shuffled",)
+#: the section of the report measured from emitted orders, not by the timing loop
+SHUFFLE_QUALITY = "shuffle-quality"
 DATASET_OF_WORKLOAD = {
     "tokens-random": "tokens",
     "tokens-sequential": "tokens",
+    "tokens-shuffled": "tokens",
     "temporal": "temporal",
     "documents": "documents",
 }
@@ -59,7 +64,6 @@ class DataSizes:
     document_bytes_max: int = 65536
     document_batch: int = 16
     document_batches: int = 8192
-    ceiling_objects: int = 16  # OBJECT_BYTES each
 
 
 FULL_SIZES = DataSizes(token_total=20_000_000)
@@ -68,8 +72,19 @@ QUICK_SIZES = DataSizes(
     temporal_records=50,
     documents=1000,
     document_batch=8,
-    ceiling_objects=4,
 )
+
+
+@dataclass(frozen=True)
+class ShuffleSizes:
+    """The stream whose shuffled orders are measured (``benchmarks/shuffle_quality.py``)."""
+
+    tokens: int  # token i has value i, so a window's first token is its position
+    epochs: int  # figures are means over epochs, with their spread
+
+
+FULL_SHUFFLE = ShuffleSizes(tokens=64_000_000, epochs=3)  # 244 MiB, 61 neighbourhoods of 4 MiB
+QUICK_SHUFFLE = ShuffleSizes(tokens=16_000_000, epochs=1)
 
 
 @dataclass(frozen=True)
@@ -127,6 +142,7 @@ class RunConfig:
     systems: tuple[str, ...] | None = None  # None = all registered
     sizes: DataSizes = field(default_factory=lambda: FULL_SIZES)
     budget: Budget = field(default_factory=lambda: FULL_BUDGET)
+    shuffle: ShuffleSizes | None = None  # None: the shuffle-quality section is left out
     seed: int = SEED
     #: rangestream's stored format versions, read where rangestream is importable (the
     #: parent); workers in other environments get them from the serialised config
@@ -169,6 +185,8 @@ class RunConfig:
         d = dict(data)
         d["sizes"] = DataSizes(**d["sizes"])  # type: ignore[arg-type]
         d["budget"] = Budget(**d["budget"])  # type: ignore[arg-type]
+        if d.get("shuffle") is not None:
+            d["shuffle"] = ShuffleSizes(**d["shuffle"])  # type: ignore[arg-type]
         d["concurrency"] = tuple(d["concurrency"])  # type: ignore[arg-type]
         d["format_versions"] = tuple(d.get("format_versions", ()))  # type: ignore[arg-type]
         d["workloads"] = tuple(d["workloads"])  # type: ignore[arg-type]

@@ -15,7 +15,10 @@ Tokens are counted without the per-document EOS everywhere, so the rates compare
 text. Peak RSS of ``convert`` is measured in a fresh process per corpus size (the parent
 and the largest worker), for the sizes given (default 100 and 400 MB).
 
-Writes ``docs/benchmarks-ingest.md`` and ``benchmarks/.work/ingest/results.json``.
+Writes ``benchmarks/.work/ingest/results.json``, which the report renders as the ingestion
+section of ``docs/benchmarks.md`` (with this command and its date): rendered at once when
+the main benchmark's results exist, else at the next ``python -m benchmarks run`` or
+``python -m benchmarks report``.
 """
 
 from __future__ import annotations
@@ -28,7 +31,6 @@ import platform
 import resource
 import shlex
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -41,7 +43,7 @@ import numpy as np
 from benchmarks.config import WORK_DIR
 
 INGEST_DIR = WORK_DIR / "ingest"
-DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks-ingest.md"
+RESULTS = INGEST_DIR / "results.json"
 BATCH_ROWS = 512
 VOCAB_SIZE = 32_000
 SEED = 20260
@@ -319,96 +321,6 @@ def peak_rss(path: Path, tokenizer_path: Path, workers: int, out: Path) -> dict[
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-# -- report ------------------------------------------------------------------------------------
-def _median(samples: list[dict[str, Any]], key: str) -> float:
-    return statistics.median(s[key] for s in samples)
-
-
-def _spread(values: list[float]) -> str:
-    return f"{min(values):,.0f}-{max(values):,.0f}"
-
-
-def _each_row(r: dict[str, Any], tokens: int, convert_rate: float, convert_cpu: float) -> list[str]:
-    """The row of LitData with one encode call per document, when it was measured."""
-    samples = r.get("litdata_each") or []
-    if not samples:
-        return []
-    rates = [tokens / s["seconds"] for s in samples]
-    per_cpu = statistics.median(tokens / s["cpu_s"] for s in samples)
-    return [
-        f"| LitData, `fn` encoding one document per call (as LitData's examples do) | "
-        f"{statistics.median(rates):,.0f} | {_spread(rates)} | "
-        f"{convert_rate / statistics.median(rates):.2f}x | {per_cpu:,.0f} | "
-        f"{convert_cpu / per_cpu:.2f}x |"
-    ]
-
-
-def report(results: dict[str, Any], out: Path) -> None:
-    r = results
-    ceiling_rate = [s["tokens_per_s"] for s in r["ceiling"]]
-    ceiling_read = [s["tokens_per_s"] for s in r["ceiling_read"]]
-    convert_rate = [s["tokens_per_s"] for s in r["convert"]]
-    tokens = r["convert"][0]["tokens"]
-    lit_rate = [tokens / s["seconds"] for s in r["litdata"]]
-    med = statistics.median
-    per_cpu = {
-        "ceiling": med(s["tokens_per_cpu_s"] for s in r["ceiling"]),
-        "ceiling_read": med(s["tokens_per_cpu_s"] for s in r["ceiling_read"]),
-        "convert": med(s["tokens_per_cpu_s"] for s in r["convert"]),
-        "litdata": med(tokens / s["cpu_s"] for s in r["litdata"]),
-    }
-    ratio = {k: per_cpu["convert"] / v for k, v in per_cpu.items()}
-    lines = [
-        "# Ingestion benchmark",
-        "",
-        f"Command: `{r['command']}`  ",
-        f"Machine: {r['machine']}; {r['workers']} worker processes everywhere; "
-        f"corpus {r['corpus_mb']} MB of JSONL ({r['documents']:,} documents, "
-        f"{tokens:,} tokens with a {VOCAB_SIZE:,}-id byte-level BPE trained on it); "
-        f"{len(r['convert'])} repeats, interleaved; medians with the min-max spread.",
-        "",
-        "| what | tokens/s | spread | convert / it | tokens per CPU-s | convert / it |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
-        f"| tokenizer alone: `encode_batch_fast`, texts in memory, nothing written | "
-        f"{med(ceiling_rate):,.0f} | {_spread(ceiling_rate)} | "
-        f"{med(convert_rate) / med(ceiling_rate):.2f}x | {per_cpu['ceiling']:,.0f} | "
-        f"{ratio['ceiling']:.2f}x |",
-        f"| tokenizer with reading + JSON parsing, nothing written | {med(ceiling_read):,.0f} | "
-        f"{_spread(ceiling_read)} | {med(convert_rate) / med(ceiling_read):.2f}x | "
-        f"{per_cpu['ceiling_read']:,.0f} | {ratio['ceiling_read']:.2f}x |",
-        f"| **`rangestream convert --preset seq`** (read, tokenize, write, commit) | "
-        f"**{med(convert_rate):,.0f}** | {_spread(convert_rate)} | 1.00x | "
-        f"{per_cpu['convert']:,.0f} | 1.00x |",
-        f"| LitData 0.2.76 `optimize` + `TokensLoader`, same tokens | {med(lit_rate):,.0f} | "
-        f"{_spread(lit_rate)} | {med(convert_rate) / med(lit_rate):.2f}x | "
-        f"{per_cpu['litdata']:,.0f} | {ratio['litdata']:.2f}x |",
-        *_each_row(r, tokens, med(convert_rate), per_cpu["convert"]),
-        "",
-        "Targets (issue 16): convert >= 0.8x the tokenizer-alone ceiling, >= 1.5x LitData. "
-        "Tokens per CPU-second (every process and thread of a system, from `getrusage`) is "
-        "the view that does not move with the machine's load: on a shared machine the "
-        "wall-clock rates move with whatever else runs.",
-        "",
-        "Stored: rangestream "
-        f"{r['convert'][0]['stored_mb']:,.1f} MB ({r['convert'][0]['shards']} shards, uint16 "
-        f"tokens), LitData {r['litdata'][0]['stored_mb']:,.1f} MB (int32 tokens as TokensLoader "
-        "stores what fn yields).",
-        "",
-        "Peak RSS of `convert` (a fresh process per size; the parent and its largest worker):",
-        "",
-        "| corpus | parent MB | largest worker MB |",
-        "| ---: | ---: | ---: |",
-    ]
-    for size, rss in sorted(r["rss"].items(), key=lambda kv: int(kv[0])):
-        lines.append(f"| {size} MB | {rss['parent_mb']:,.0f} | {rss['worker_mb']:,.0f} |")
-    lines += [
-        "",
-        "Raw results: `benchmarks/.work/ingest/results.json`.",
-        "",
-    ]
-    out.write_text("\n".join(lines))
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks ingest", description=__doc__.split("\n")[0]
@@ -417,7 +329,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rss-sizes-mb", default="100,400", help="corpora for peak RSS")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=DOC)
     args = parser.parse_args(argv)
     command = "python -m benchmarks ingest " + shlex.join(argv or [])
     path = corpus(args.size_mb)
@@ -426,6 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         documents = sum(1 for _ in handle)
     results: dict[str, Any] = {
         "command": command.strip(),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": (
             f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
         ),
@@ -468,9 +380,16 @@ def main(argv: list[str] | None = None) -> int:
             corpus(size), tokenizer_path, args.workers, INGEST_DIR / f"out-rss-{size}"
         )
         print(f"rss {size} MB: {results['rss'][str(size)]}", flush=True)
-    (INGEST_DIR / "results.json").write_text(json.dumps(results, indent=2))
-    report(results, args.out)
-    print(f"wrote {args.out} and {INGEST_DIR / 'results.json'}")
+    RESULTS.write_text(json.dumps(results, indent=2))
+    from benchmarks import report
+
+    print("\n".join(report.ingest_section(results)))
+    main_results = WORK_DIR / "results-full.json"
+    if main_results.exists():
+        report.write(main_results)
+        print(f"wrote {RESULTS} and docs/benchmarks.md (with {main_results.name})")
+    else:
+        print(f"wrote {RESULTS}; `python -m benchmarks run` puts it in docs/benchmarks.md")
     return 0
 
 

@@ -14,12 +14,12 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from benchmarks.config import Budget
-from benchmarks.workloads import WindowSet, payload_equal
+from benchmarks.workloads import TokensData, WindowSet, in_token_stream, payload_equal
 
 
 @dataclass
@@ -52,6 +52,13 @@ class Measurement:
     bytes_per_payload_byte: float | None
     payload_mismatch: bool
     samples: list[dict[str, Any]] = field(default_factory=list)
+    #: the proxy's request log of the warm-up and each repeat (S3 rows), for the ceiling's
+    #: replay; a file in the run's work directory
+    get_log: str | None = None
+    #: most requests the proxy saw in flight at once during the timed repeats (S3 rows)
+    peak_in_flight: int | None = None
+    #: requests in flight on average over the timed repeats (S3 rows)
+    mean_in_flight: float | None = None
 
 
 @dataclass
@@ -64,6 +71,7 @@ class WorkloadResult:
     location: str
     note: str = ""
     exact: bool = True
+    own_concurrency: bool = False  # a loader: it decides how many requests are in flight
     status: str = "ok"  # ok | unsupported | unavailable | error | timeout
     error: str = ""
     verified: bool | None = None
@@ -167,6 +175,14 @@ Stats = Callable[[], dict[str, float]]
 Reader = Callable[[np.ndarray, int], int]
 
 
+class Recorder(Protocol):
+    """Cuts a request log into phases at the loop's boundaries (``s3env.ProxyRecorder``)."""
+
+    def restart(self) -> None: ...
+
+    def cut(self) -> None: ...
+
+
 class Cursor:
     """Walks the window list; successive repeats read fresh windows, wrapping at the end."""
 
@@ -187,6 +203,7 @@ def timed_repeats(
     concurrency: int,
     budget: Budget,
     stats: Stats | None,
+    recorder: Recorder | None = None,
 ) -> Measurement:
     """Warm up, then run ``budget.repeats`` repeats of about ``repeat_seconds`` each.
 
@@ -194,6 +211,8 @@ def timed_repeats(
     chunk size adapts (doubling while a call takes under 1/20 of the repeat) so that fast
     readers are not dominated by call overhead and slow ones still stop on time; a chunk is
     never smaller than ``concurrency`` so that the requested concurrency can be reached.
+    With a ``recorder``, the requests of the warm-up and of each repeat are cut into one
+    phase each (outside the timed part), in that order.
     """
     chunk = max(1, concurrency)
     target = budget.repeat_seconds / 20
@@ -218,6 +237,8 @@ def timed_repeats(
         seconds_used = time.perf_counter() - t0
         cpu = cpu_seconds() - c0
         s1 = stats() if stats else None
+        if recorder is not None:
+            recorder.cut()
         return RepeatSample(
             windows=n,
             seconds=seconds_used,
@@ -228,6 +249,8 @@ def timed_repeats(
             payload_bytes_returned=returned,
         )
 
+    if recorder is not None:
+        recorder.restart()  # the open and the checks are not part of the measured sequence
     run_for(budget.warmup_seconds, budget.max_windows_per_repeat)
     samples = [
         run_for(budget.repeat_seconds, budget.max_windows_per_repeat) for _ in range(budget.repeats)
@@ -266,3 +289,13 @@ def verify(
     """Compare ``n`` windows spread over the list (first and last included) exactly."""
     ids = sorted({int(i) for i in np.linspace(0, windows.count - 1, max(n, 2))})
     return all(payload_equal(fetch(i), truth(i)) for i in ids)
+
+
+def verify_in_stream(
+    fetch: Callable[[int], Any], data: TokensData, windows: WindowSet, n: int, exact: bool
+) -> bool:
+    """The next ``n`` windows of a system with an order of its own, found in the source:
+    each at one of the workload's starts (exact), or anywhere in the stream (equivalent
+    jobs: aligned blocks of the system's own layout)."""
+    starts = windows.starts if exact else None
+    return all(in_token_stream(data, fetch(i), starts) for i in range(max(n, 2)))

@@ -2,7 +2,11 @@
 
 Order of work: generate data (cached) -> prepare each family's format (one worker per family,
 cached) -> start SeaweedFS and the latency proxy -> upload prepared data -> one measuring
-worker per system and location -> write results JSON, ``docs/benchmarks.md`` and the plot.
+worker per system and location (over S3 the proxy logs each system's GETs) -> one worker
+replaying every logged GET sequence with the lean clients (the S3 ceiling, see
+``benchmarks/s3_ceiling.py``) -> one worker per shuffled loader emitting its order (shuffle
+quality, ``benchmarks/shuffle_quality.py``) -> write results JSON, ``docs/benchmarks.md``
+and the plot.
 
 Workers are subprocesses with timeouts, killed as a process group when late, and the whole
 run has a deadline: on a 2-core machine shared with the S3 server, one hung peer must not
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -45,17 +50,17 @@ def _log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def _python_for(entry: SystemEntry) -> Path | None:
-    if entry.interpreter == "mosaic":
+def _python_for(interpreter: str) -> Path | None:
+    if interpreter == "mosaic":
         p = environment.mosaic_python()
         return p if p.exists() else None
     return Path(sys.executable)
 
 
-def _worker_env(entry: SystemEntry, extra: dict[str, str]) -> dict[str, str]:
+def _worker_env(interpreter: str, extra: dict[str, str]) -> dict[str, str]:
     env = dict(os.environ)
     paths = [str(REPO_ROOT)]
-    if entry.interpreter == "main":
+    if interpreter == "main":
         paths.append(str(REPO_ROOT / "src"))  # rangestream importable without installing it
     env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env["PYTHONUNBUFFERED"] = "1"
@@ -65,7 +70,7 @@ def _worker_env(entry: SystemEntry, extra: dict[str, str]) -> dict[str, str]:
 
 
 def run_worker(
-    entry: SystemEntry, spec: dict[str, Any], tag: str, timeout: float, extra_env: dict[str, str]
+    interpreter: str, spec: dict[str, Any], tag: str, timeout: float, extra_env: dict[str, str]
 ) -> WorkerOutcome:
     """Run one worker; on timeout kill its whole process group and keep its partial output."""
     d = WORK_DIR / "workers"
@@ -73,14 +78,14 @@ def run_worker(
     spec_path, out_path, log = d / f"{tag}.spec.json", d / f"{tag}.out.json", d / f"{tag}.log"
     out_path.unlink(missing_ok=True)
     spec_path.write_text(json.dumps(spec, indent=1))
-    python = _python_for(entry)
+    python = _python_for(interpreter)
     assert python is not None
     t0 = time.perf_counter()
     with open(log, "wb") as logf:
         proc = subprocess.Popen(
             [str(python), "-m", "benchmarks.worker", str(spec_path), str(out_path)],
             cwd=REPO_ROOT,
-            env=_worker_env(entry, extra_env),
+            env=_worker_env(interpreter, extra_env),
             stdout=logf,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -115,6 +120,8 @@ class Orchestrator:
         self.command = command
         self.deadline = time.monotonic() + deadline_s
         self.results: list[WorkloadResult] = []
+        self.replays: list[dict[str, Any]] = []  # the S3 ceiling (s3_ceiling.replay_one)
+        self.shuffle: dict[str, Any] | None = None  # shuffle_quality.quality
         self.notes: list[str] = []
         self.uploads: dict[str, dict[str, Any]] = {}
         # 1-minute load average around each measuring worker: on a small shared machine,
@@ -139,7 +146,13 @@ class Orchestrator:
             "config": self.config.to_json(),
             "prepared_root": str(self.config.prepared_dir),
             "cache_root": str(WORK_DIR / "cache"),
+            "gets_root": str(self.gets_dir),
         }
+
+    @property
+    def gets_dir(self) -> Path:
+        """The request logs of this run's S3 measurements (the ceiling replays them)."""
+        return WORK_DIR / "gets" / self.config.tag
 
     def _datasets(self) -> list[str]:
         return sorted({DATASET_OF_WORKLOAD[w] for w in self.config.workloads})
@@ -179,7 +192,7 @@ class Orchestrator:
             if entry.family in done:
                 continue
             done.add(entry.family)
-            if _python_for(entry) is None:
+            if _python_for(entry.interpreter) is None:
                 unavailable[entry.family] = (
                     "MosaicML virtualenv missing (python -m benchmarks setup)"
                 )
@@ -189,7 +202,7 @@ class Orchestrator:
             spec = {**self._base_spec(entry, "prepare"), "datasets": self._datasets()}
             _log(f"prepare {entry.family}")
             out = run_worker(
-                entry,
+                entry.interpreter,
                 spec,
                 f"prepare-{entry.family}",
                 min(self.config.budget.prepare_timeout_s, max(self.remaining(), 1)),
@@ -234,7 +247,9 @@ class Orchestrator:
                 env = s3.endpoint.env() if location == "s3" and s3 and s3.endpoint else {}
                 _log(f"measure {entry.name} @ {location} (timeout {timeout:.0f} s)")
                 load_before = os.getloadavg()[0]
-                out = run_worker(entry, spec, f"measure-{entry.name}-{location}", timeout, env)
+                out = run_worker(
+                    entry.interpreter, spec, f"measure-{entry.name}-{location}", timeout, env
+                )
                 self.load.append(
                     {
                         "worker": f"{entry.name}@{location}",
@@ -263,6 +278,80 @@ class Orchestrator:
                     )
                     _log(f"  {w}: {status}")
 
+    def replay(self, s3: S3Environment) -> None:
+        """The S3 ceiling: every logged GET sequence replayed by the lean clients."""
+        recordings = [
+            {
+                "system": r.system,
+                "label": r.label,
+                "workload": r.workload,
+                "concurrency": m.concurrency,
+                "own_concurrency": r.own_concurrency,
+                "mean_in_flight": m.mean_in_flight,
+                "log": m.get_log,
+                "windows": [int(sample["windows"]) for sample in m.samples],
+            }
+            for r in self.results
+            if r.location == "s3" and r.status == "ok"
+            for m in r.measurements
+            if m.get_log
+        ]
+        if not recordings or s3.endpoint is None:
+            return
+        timeout = self.remaining()
+        if timeout < 10:
+            self.notes.append("S3 ceiling not replayed: run deadline reached")
+            return
+        spec = {
+            "mode": "replay",
+            "endpoint": s3.endpoint.to_json(),
+            "objects_root": str(WORK_DIR / "prepared"),
+            "recordings": recordings,
+        }
+        _log(f"replay the GETs of {len(recordings)} S3 measurements (timeout {timeout:.0f} s)")
+        out = run_worker("main", spec, "replay-s3", timeout, {})
+        self.replays = list(out.result.get("replays", []))
+        for rep in self.replays:
+            where = f"{rep['system']} {rep['workload']} c={rep['concurrency']}"
+            _log(f"  {where}: {_brief_replay(rep)}")
+        if len(self.replays) < len(recordings):
+            status = "timed out" if out.returncode is None else "failed"
+            self.notes.append(
+                f"S3 ceiling: the replay {status} after {len(self.replays)} of "
+                f"{len(recordings)} measurements: {_tail(out.log)}"
+            )
+
+    def shuffle_quality(self) -> None:
+        """Each shuffled loader emits its order; one function computes the figures."""
+        from benchmarks.shuffle_quality import ORDERS, quality
+
+        sizes = self.config.shuffle
+        assert sizes is not None
+        work = WORK_DIR / "shuffle" / self.config.tag
+        shutil.rmtree(work / "orders", ignore_errors=True)
+        errors: dict[str, str] = {}
+        for order in ORDERS:
+            if _python_for(order.interpreter) is None:
+                errors[order.name] = "MosaicML virtualenv missing (python -m benchmarks setup)"
+                continue
+            timeout = min(self.config.budget.prepare_timeout_s, self.remaining())
+            if timeout < 10:
+                errors[order.name] = "run deadline reached"
+                continue
+            spec = {
+                "mode": "order",
+                "name": order.name,
+                "tokens": sizes.tokens,
+                "epochs": sizes.epochs,
+                "work": str(work),
+            }
+            out = run_worker(order.interpreter, spec, f"order-{order.name}", timeout, {})
+            if out.returncode != 0:
+                status = "timed out" if out.returncode is None else "failed"
+                errors[order.name] = f"{status}: {_tail(out.log)}"
+            _log(f"order {order.name}: {errors.get(order.name, 'ok')} ({out.seconds:.0f} s)")
+        self.shuffle = quality(sizes.tokens, sizes.epochs, work, errors)
+
     def upload(self, s3: S3Environment, unavailable: dict[str, str]) -> None:
         done: set[str] = set()
         assert s3.endpoint is not None
@@ -290,9 +379,13 @@ class Orchestrator:
     def run(self) -> Path:
         t0 = time.perf_counter()
         _log(f"data ({self.config.tag})")
-        generate(self.config)
-        unavailable = self.prepare()
-        needs_s3 = any("s3" in e.locations and e.family not in unavailable for e in self.entries)
+        if self.config.workloads:
+            generate(self.config)
+        shutil.rmtree(self.gets_dir, ignore_errors=True)
+        unavailable = self.prepare() if self.config.workloads else {}
+        needs_s3 = bool(self.config.workloads) and any(
+            "s3" in e.locations and e.family not in unavailable for e in self.entries
+        )
         s3: S3Environment | None = None
         try:
             if needs_s3:
@@ -305,10 +398,15 @@ class Orchestrator:
                     self.notes.append(f"S3 set-up failed: {exc}")
                     s3.close()
                     s3 = None
-            self.measure(unavailable, s3)
+            if self.config.workloads:
+                self.measure(unavailable, s3)
+            if s3 is not None:
+                self.replay(s3)
         finally:
             if s3 is not None:
                 s3.close()
+        if self.config.shuffle is not None:
+            self.shuffle_quality()
         elapsed = time.perf_counter() - t0
         return self._save(elapsed)
 
@@ -323,10 +421,25 @@ class Orchestrator:
             "load": self.load,
             "notes": self.notes,
             "results": [r.to_json() for r in self.results],
+            "replays": self.replays,
+            "shuffle_quality": self.shuffle,
         }
         path = WORK_DIR / f"results-{self.config.tag}.json"
         path.write_text(json.dumps(payload, indent=1))
         return path
+
+
+def _brief_replay(rep: dict[str, Any]) -> str:
+    from benchmarks.s3_ceiling import CLIENTS, replay_rate
+
+    if rep.get("error"):
+        return f"error: {rep['error'][:160]}"
+    if not sum(rep.get("gets", [])):
+        return "no GETs in the timed repeats"
+    rates = ", ".join(
+        f"{c} {rate:,.0f}/s" for c in CLIENTS if (rate := replay_rate(rep, c)) is not None
+    )
+    return f"{sum(rep['gets'])} GETs, {rep['lanes']} lanes: {rates} verified={rep['verified']}"
 
 
 def _brief(r: WorkloadResult) -> str:

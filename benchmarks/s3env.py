@@ -1,10 +1,11 @@
 """The S3 side of a run: a local SeaweedFS server, the latency proxy in front, uploads.
 
-Both come from ``rangestream.testing`` (the library's own test infrastructure), so the
-benchmark and the tests measure against the same server set-up and the same proxy. This
-module is also imported by workers under the MosaicML interpreter, where rangestream is not
-installed: :class:`S3Endpoint` and :func:`proxy_stats` use the standard library only, and
-``rangestream.testing`` is imported only when the orchestrator starts the environment.
+Both come from the test kit (``testkit/`` at the repository root, the library's own test
+infrastructure, not installed with it), so the benchmark and the tests measure against the
+same server set-up and the same proxy. This module is also imported by workers under the
+MosaicML interpreter, where rangestream is not installed: :class:`S3Endpoint` and
+:func:`proxy_stats` use the standard library only, and ``testkit`` is imported only when the
+orchestrator starts the environment.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ ACCESS_KEY = "benchaccesskey"
 SECRET_KEY = "benchsecretkey0123456789"
 REGION = "us-east-1"
 BUCKET = "bench"
-STATS_PATH = "/__proxy__/stats"  # rangestream.testing.proxy.CONTROL_PREFIX + "/stats"
+CONTROL_PREFIX = "/__proxy__"  # testkit.proxy.CONTROL_PREFIX
+STATS_PATH = f"{CONTROL_PREFIX}/stats"
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,11 @@ class S3Endpoint:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    @property
+    def control_url(self) -> str:
+        """The proxy's own endpoints (counters, request log)."""
+        return self.stats_url.removesuffix("/stats")
 
     def env(self, *, direct: bool = False) -> dict[str, str]:
         """Environment variables that point boto3-based clients at this endpoint."""
@@ -63,12 +70,52 @@ def proxy_stats(stats_url: str) -> dict[str, Any]:
         return json.loads(resp.read())
 
 
-class S3Environment:
-    """SeaweedFS plus the latency proxy, both from ``rangestream.testing``, for one run.
+def _proxy_post(url: str) -> dict[str, Any]:
+    request = urllib.request.Request(url, method="POST")
+    with urllib.request.urlopen(request, timeout=60) as resp:
+        return json.loads(resp.read())
 
-    The server is :class:`rangestream.testing.SeaweedFSServer` (the one the library's tests
-    use); the proxy is :class:`rangestream.testing.LatencyProxy` started as its own process
-    (``python -m rangestream.testing.proxy``) so that its CPU is not charged to the measured
+
+class ProxyRecorder:
+    """The proxy's request log, cut into phases (warm-up, then each timed repeat).
+
+    :meth:`restart` drops what was logged so far; each :meth:`cut` appends the requests
+    completed since the previous cut as one phase. A phase is a list of the proxy's entries
+    (``testkit.request_log.LoggedRequest`` as JSON): the exact (key, byte range) sequence
+    the S3 ceiling replays. Standard library only, for workers in any interpreter.
+    """
+
+    def __init__(self, endpoint: S3Endpoint) -> None:
+        self._url = endpoint.control_url + "/log"
+        self.phases: list[list[dict[str, Any]]] = []
+        self.dropped = 0
+
+    def start(self) -> None:
+        _proxy_post(self._url + "/start")
+        self.phases = []
+
+    def restart(self) -> None:
+        self._take()
+        self.phases = []
+
+    def cut(self) -> None:
+        self.phases.append(self._take())
+
+    def stop(self) -> None:
+        _proxy_post(self._url + "/stop")
+
+    def _take(self) -> list[dict[str, Any]]:
+        got = _proxy_post(self._url + "/take")
+        self.dropped = int(got.get("dropped", 0))
+        return list(got["requests"])
+
+
+class S3Environment:
+    """SeaweedFS plus the latency proxy, both from the test kit, for one run.
+
+    The server is :class:`testkit.SeaweedFSServer` (the one the library's tests use); the
+    proxy is :class:`testkit.LatencyProxy` started as its own process, from the repository
+    root (``python -m testkit.proxy``), so that its CPU is not charged to the measured
     client and workers in any interpreter read its counters over HTTP.
     """
 
@@ -88,7 +135,7 @@ class S3Environment:
         self.close()
 
     def start(self) -> S3Endpoint:
-        from rangestream.testing import SeaweedFSServer
+        from testkit import SeaweedFSServer
 
         self._server = SeaweedFSServer(
             access_key=ACCESS_KEY, secret_key=SECRET_KEY, region=REGION
@@ -98,7 +145,7 @@ class S3Environment:
         self._proxy_log = open(self.work_dir / "proxy.log", "wb")  # noqa: SIM115 - closed in close()
         self._proxy = subprocess.Popen(
             [
-                sys.executable, "-m", "rangestream.testing.proxy", "--upstream", direct,
+                sys.executable, "-m", "testkit.proxy", "--upstream", direct,
                 "--delay-ms", str(self.latency_ms), "--port", "0",
             ],
             stdout=subprocess.PIPE, stderr=self._proxy_log, cwd=REPO_ROOT,

@@ -1,5 +1,9 @@
 """Worker subprocess: prepare data for, or measure, one system at one location.
 
+Two more modes serve the report's other sections: ``replay`` (the S3 ceiling,
+``benchmarks/s3_ceiling.py``) and ``order`` (one loader's emitted order for the shuffle
+quality, ``benchmarks/shuffle_quality.py``).
+
 ``python -m benchmarks.worker SPEC.json OUT.json`` (run by the orchestrator, possibly with
 another interpreter such as the MosaicML virtualenv's). Results are written to OUT.json after
 every workload, so a worker killed at its timeout still leaves what it finished.
@@ -20,7 +24,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from benchmarks.config import DATASET_OF_WORKLOAD, RunConfig
+from benchmarks.config import DATASET_OF_WORKLOAD, LOADER_WORKLOADS, RunConfig
 from benchmarks.measure import (
     Cursor,
     WorkloadResult,
@@ -29,10 +33,12 @@ from benchmarks.measure import (
     reset_peak_rss,
     timed_repeats,
     verify,
+    verify_in_stream,
 )
-from benchmarks.s3env import S3Endpoint, proxy_stats
-from benchmarks.systems.base import Location, System, Unavailable
-from benchmarks.workloads import load_dataset, load_windows
+from benchmarks.s3_ceiling import mean_in_flight, peak_in_flight, save_log
+from benchmarks.s3env import ProxyRecorder, S3Endpoint, proxy_stats
+from benchmarks.systems.base import Location, Support, System, Unavailable
+from benchmarks.workloads import TokensData, load_dataset, load_windows
 
 PREPARED_MARKER = ".prepared.json"  # written last: a family/dataset dir without it is redone
 
@@ -108,6 +114,15 @@ def _location(
     )
 
 
+def _support(system: System, workload: str, kind: str) -> Support | None:
+    """How ``system`` runs ``workload`` at ``kind``; loader workloads take only systems that
+    return windows in an order of their own (shuffled DataLoaders)."""
+    support = system.supports(workload, kind)
+    if workload in LOADER_WORKLOADS and support is not None and not support.any_order:
+        return None
+    return support
+
+
 def _prime(
     system: System,
     spec: dict[str, Any],
@@ -123,8 +138,9 @@ def _prime(
     empty cache, in a process whose libraries are initialised. Returns the priming time.
     """
     for workload in spec["workloads"]:
-        if system.supports(workload, kind) is None:
+        if _support(system, workload, kind) is None:
             continue
+        system.workload = workload
         dataset = DATASET_OF_WORKLOAD[workload]
         location = _location(system, spec, kind, endpoint, dataset, "prime")
         t0 = time.perf_counter()
@@ -168,7 +184,8 @@ def measure(spec: dict[str, Any], out: Path) -> dict[str, Any]:
         return report
     prime_s = _prime(system, spec, config, location_kind, endpoint)
     for workload in spec["workloads"]:
-        support = system.supports(workload, location_kind)
+        support = _support(system, workload, location_kind)
+        system.workload = workload
         res = WorkloadResult(
             system=system.name, label=system.label, workload=workload, location=location_kind
         )
@@ -177,6 +194,7 @@ def measure(spec: dict[str, Any], out: Path) -> dict[str, Any]:
             results.append(res.to_json())
             continue
         res.note, res.exact = support.note, support.exact
+        res.own_concurrency = support.own_concurrency
         res.process_prime_s = prime_s
         dataset = DATASET_OF_WORKLOAD[workload]
         location = _location(system, spec, location_kind, endpoint, dataset, workload)
@@ -184,6 +202,8 @@ def measure(spec: dict[str, Any], out: Path) -> dict[str, Any]:
         stats: Any = (lambda: proxy_stats(endpoint.stats_url)) if endpoint else None
         if stats is None and system.io_counters() is not None:
             stats = system.io_counters  # the library's own counts (local rows)
+        # over S3 the proxy logs every request, for the ceiling's replay of this sequence
+        recorder = ProxyRecorder(endpoint) if endpoint else None
         try:
             data = load_dataset(config.data_dir, dataset, config.sizes)
             windows = load_windows(config.data_dir, workload, config.sizes)
@@ -195,13 +215,25 @@ def measure(spec: dict[str, Any], out: Path) -> dict[str, Any]:
             res.ttfw_s = time.perf_counter() - t0
             if stats and s0:
                 res.open_requests = int(stats()["requests"] - s0["requests"])
-            res.verified = verify(
-                lambda i, w=windows: system.fetch(w, i),
-                lambda i, d=data, w=windows: system.truth(d, w, i),
-                windows,
-                config.budget.verify_windows,
-            )
+            if support.any_order:
+                assert isinstance(data, TokensData)
+                res.verified = verify_in_stream(
+                    lambda i, w=windows: system.fetch(w, i),
+                    data,
+                    windows,
+                    config.budget.verify_windows,
+                    support.exact,
+                )
+            else:
+                res.verified = verify(
+                    lambda i, w=windows: system.fetch(w, i),
+                    lambda i, d=data, w=windows: system.truth(d, w, i),
+                    windows,
+                    config.budget.verify_windows,
+                )
             cursor = Cursor(windows.count, start=1)
+            if recorder is not None:
+                recorder.start()
             for c in config.concurrency:
                 if c not in support.concurrency:
                     continue
@@ -212,7 +244,17 @@ def measure(spec: dict[str, Any], out: Path) -> dict[str, Any]:
                     c,
                     config.budget,
                     stats,
+                    recorder,
                 )
+                if recorder is not None:
+                    log = Path(spec["gets_root"]) / f"{system.name}-{workload}-c{c}.json"
+                    save_log(log, recorder.phases, {"dropped": recorder.dropped})
+                    m.get_log = str(log)
+                    timed = [e for phase in recorder.phases[1:] for e in phase]
+                    m.peak_in_flight = peak_in_flight(timed)
+                    m.mean_in_flight = mean_in_flight(
+                        timed, sum(float(s["seconds"]) for s in m.samples)
+                    )
                 res.measurements.append(m)
                 _write(out, {**report, "results": [*results, res.to_json()]})
             res.peak_rss_mb = peak_rss_mb()
@@ -231,6 +273,11 @@ def measure(spec: dict[str, Any], out: Path) -> dict[str, Any]:
                 system.close()
             except Exception:
                 traceback.print_exc()
+            if recorder is not None:
+                try:
+                    recorder.stop()
+                except Exception:
+                    traceback.print_exc()
             shutil.rmtree(cache, ignore_errors=True)
         results.append(res.to_json())
         _write(out, report)
@@ -240,7 +287,16 @@ def measure(spec: dict[str, Any], out: Path) -> dict[str, Any]:
 def main(argv: list[str]) -> int:
     spec_path, out_path = Path(argv[0]), Path(argv[1])
     spec = json.loads(spec_path.read_text())
-    result = prepare(spec, out_path) if spec["mode"] == "prepare" else measure(spec, out_path)
+    if spec["mode"] == "replay":
+        from benchmarks.s3_ceiling import replay
+
+        result = replay(spec, lambda partial: _write(out_path, partial))
+    elif spec["mode"] == "order":
+        from benchmarks.shuffle_quality import emit
+
+        result = emit(spec["name"], spec["tokens"], spec["epochs"], Path(spec["work"]))
+    else:
+        result = prepare(spec, out_path) if spec["mode"] == "prepare" else measure(spec, out_path)
     _write(out_path, result)
     return 0
 

@@ -17,9 +17,7 @@ import numpy as np
 
 from benchmarks.config import (
     DATASET_OF_WORKLOAD,
-    OBJECT_BYTES,
     TEMPORAL_FIELDS,
-    TEMPORAL_GROUPS,
     TEMPORAL_WINDOW_FIELDS,
     DataSizes,
     RunConfig,
@@ -236,42 +234,6 @@ class WindowSet:
     batches: np.ndarray | None = None
     doc_sizes: np.ndarray | None = None  # bytes of each document in ``batches``
 
-    def ceiling_ranges(self, seed: int, objects: int) -> np.ndarray:
-        """Byte ranges the ceiling client fetches: one (object, offset, length) row per GET.
-
-        Sizes are those a range reader needs for each window (one GET per token window; one
-        per field group of a temporal window; one per document); offsets are random inside
-        objects of OBJECT_BYTES so the server's per-object costs match the real layout.
-        """
-        if self.dataset == "tokens":
-            sizes = np.full((self.count, 1), self.length * TOKEN_DTYPE.itemsize)
-        elif self.dataset == "temporal":
-            sizes = np.tile(np.array(temporal_group_row_bytes(self.fields)), (self.count, 1))
-            sizes = sizes * self.frames
-        else:
-            assert self.doc_sizes is not None
-            sizes = self.doc_sizes
-        rng = named_rng(seed, f"ceiling-{self.workload}")
-        obj = rng.integers(0, objects, sizes.shape)
-        off = (rng.random(sizes.shape) * (OBJECT_BYTES - sizes + 1)).astype(np.int64)
-        return np.stack([obj, off, sizes], axis=2)  # (count, GETs per window, 3)
-
-
-def temporal_group_row_bytes(fields: tuple[str, ...]) -> list[int]:
-    """Bytes per frame of each field group a window of ``fields`` touches (grouped layout)."""
-    out: list[int] = []
-    seen: set[int] = set()
-    for name in fields:
-        for gi, group in enumerate(TEMPORAL_GROUPS):
-            if name in group:
-                if gi not in seen:
-                    seen.add(gi)
-                    out.append(sum(_row_bytes(f) for f in group))
-                break
-        else:
-            out.append(_row_bytes(name))
-    return out
-
 
 def _row_bytes(name: str) -> int:
     dtype, trailing = TEMPORAL_SPECS[name]
@@ -284,7 +246,8 @@ def load_windows(data_dir: Path, workload: str, sizes: DataSizes) -> WindowSet:
     d = data_dir / dataset
     if dataset == "tokens":
         order = workload.split("-", 1)[1]
-        starts = np.load(d / f"windows_{order}.npy")
+        # a shuffled epoch reads the sequential windows, in the order the loader chooses
+        starts = np.load(d / f"windows_{'sequential' if order == 'shuffled' else order}.npy")
         w = sizes.window_tokens
         return WindowSet(
             workload=workload,
@@ -335,6 +298,18 @@ def ground_truth(data: DatasetData, windows: WindowSet, i: int) -> Payload:
         return {f: np.array(data.fields[f][base : base + windows.frames]) for f in windows.fields}
     assert windows.batches is not None
     return [data.document(int(j)) for j in windows.batches[i]]
+
+
+def in_token_stream(data: TokensData, row: np.ndarray, starts: np.ndarray | None) -> bool:
+    """Whether ``row`` is a contiguous slice of the token stream, starting at one of
+    ``starts`` when given: the check of a window returned in an order of the system's own."""
+    row = np.asarray(row)
+    if row.dtype != TOKEN_DTYPE or row.ndim != 1 or not 0 < len(row) <= data.total:
+        return False
+    candidates = np.flatnonzero(data.tokens[: data.total - len(row) + 1] == row[0])
+    if starts is not None:
+        candidates = np.intersect1d(candidates, starts)
+    return any(np.array_equal(data.tokens[c : c + len(row)], row) for c in candidates.tolist())
 
 
 def payload_equal(a: Payload, b: Payload) -> bool:

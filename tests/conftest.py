@@ -2,8 +2,10 @@
 
 Fixtures live in ``tests/support/`` modules, registered here as plugins, so this file stays a
 short index. ``support`` must be importable: pytest's default (prepend) import mode puts
-``tests/`` on sys.path because it has no ``__init__.py``; ``pythonpath = ["tests"]`` in the
-pytest configuration makes that explicit and also covers ``--import-mode=importlib``.
+``tests/`` on sys.path because it has no ``__init__.py``; ``pythonpath = [".", "tests"]`` in
+the pytest configuration makes that explicit and also covers ``--import-mode=importlib``. The
+repository root on that path is what makes the test kit (``testkit/``: the SeaweedFS server
+and the latency proxy the S3 fixtures are built on) importable: it is not installed.
 
 S3 fixtures (see ``support/s3.py``): ``seaweedfs_server``, ``s3_server``, ``s3_bucket``,
 ``s3_url``, ``location`` (parametrised "local"/"s3") and ``s3_proxy``. Dask (see

@@ -26,22 +26,14 @@ class SystemEntry:
 REGISTRY: tuple[SystemEntry, ...] = (
     SystemEntry("raw-memmap", "benchmarks.systems.raw", "RawMemmap", "raw", ("local",)),
     SystemEntry("raw-pread", "benchmarks.systems.raw", "RawPread", "raw", ("local",)),
-    SystemEntry(
-        "s3-ceiling-aiohttp", "benchmarks.systems.s3_ceiling", "CeilingAiohttp", "ceiling",
-        ("s3",),
-    ),
-    SystemEntry(
-        "s3-ceiling-obstore", "benchmarks.systems.s3_ceiling", "CeilingObstore", "ceiling",
-        ("s3",),
-    ),
-    SystemEntry(
-        "s3-server-direct", "benchmarks.systems.s3_ceiling", "ServerDirectObstore", "ceiling",
-        ("s3",), in_quick=False,
-    ),
     # rangestream: readers and the DataLoader (see rangestream_systems.py)
     SystemEntry(
         "rangestream-sync", "benchmarks.systems.rangestream_systems", "RangestreamSync",
         "rangestream", ("local", "s3"),
+    ),
+    SystemEntry(
+        "rangestream-dataset", "benchmarks.systems.rangestream_systems", "RangestreamDataset",
+        "rangestream", ("local",),
     ),
     SystemEntry(
         "rangestream-async", "benchmarks.systems.rangestream_systems", "RangestreamAsync",

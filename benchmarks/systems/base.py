@@ -60,11 +60,19 @@ class Support:
     at 1). ``exact`` says whether it returns exactly the workload's windows; when it does the
     closest equivalent job instead (aligned blocks, whole records sliced after download),
     ``note`` says what it does, and the report prints it beside the figures.
+    ``own_concurrency`` marks a system that decides itself how many requests are in flight
+    (a DataLoader's prefetching workers): the S3 ceiling replays its GETs at the peak the
+    proxy saw in flight rather than at ``concurrency`` windows' worth. ``any_order`` marks
+    a system that returns the windows in an order of its own (a shuffled loader): the check
+    finds each returned window in the source instead of comparing window ``i``; only such
+    systems run the loader workloads (``config.LOADER_WORKLOADS``).
     """
 
     concurrency: tuple[int, ...] = (1,)
     exact: bool = True
     note: str = ""
+    own_concurrency: bool = False
+    any_order: bool = False
 
 
 class Unavailable(Exception):
@@ -80,6 +88,8 @@ class System(ABC):
     label: ClassVar[str]
     #: systems of one family share prepared data (``.work/prepared/<tag>/<family>/<dataset>``)
     family: ClassVar[str]
+    #: the workload being measured, set by the harness before :meth:`open`
+    workload: str = ""
 
     def check_available(self) -> None:  # noqa: B027  (optional hook, default: available)
         """Raise :class:`Unavailable` with a reason if this system cannot run here."""

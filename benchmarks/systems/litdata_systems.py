@@ -12,7 +12,8 @@ Three ways LitData does the jobs, each a system of its own so the table shows th
   only serves blocks aligned to multiples of 2049 tokens: the equivalent job reads the block
   containing each window's start. Temporal: whole record, then the window sliced out.
 - ``litdata-loader``: ``StreamingDataLoader`` iterating the TokensLoader dataset (2 workers),
-  sequential order only (its own order; windows/s counts the samples it yields).
+  in order (``shuffle=False``) and shuffled (``shuffle=True``: chunks in a random order,
+  items shuffled within the chunks a worker holds); windows/s counts the samples it yields.
 
 S3: LitData's S3 client is boto3's, built from ``storage_options`` (passed straight to
 ``boto3.Session().client("s3", **storage_options)``), so ``endpoint_url`` points it at the
@@ -34,6 +35,7 @@ import numpy as np
 from benchmarks.config import (
     LOADER_BATCH,
     LOADER_WORKERS,
+    LOADER_WORKLOADS,
     PEER_CHUNK_BYTES,
     TEMPORAL_GROUPS,
     RunConfig,
@@ -450,13 +452,21 @@ class LitDataLoader(LitDataDataset):
         self._location: Location | None = None
 
     def supports(self, workload: str, location: str) -> Support | None:
-        if workload != "tokens-sequential":
+        if workload not in ("tokens-sequential", *LOADER_WORKLOADS):
             return None
+        shuffled = workload in LOADER_WORKLOADS
+        check = (
+            "the check finds each row checked in the token stream"
+            if shuffled
+            else "the check compares the dataset's blocks, not the order"
+        )
         return Support(
+            own_concurrency=True,
+            any_order=shuffled,
             exact=False,
             note=f"StreamingDataLoader(batch_size={LOADER_BATCH}, num_workers={LOADER_WORKERS}, "
-            "shuffle=False) over TokensLoader(2049) blocks in its own order, iterated across "
-            "repeats (epochs restart); the check compares the dataset's blocks, not the order",
+            f"shuffle={shuffled}) over TokensLoader(2049) blocks in its own order, iterated "
+            f"across repeats (epochs restart); {check}",
         )
 
     def open(self, data: DatasetData, location: Location) -> None:
@@ -477,7 +487,7 @@ class LitDataLoader(LitDataDataset):
                     self._make_dataset(self._data, self._location),
                     batch_size=LOADER_BATCH,
                     num_workers=LOADER_WORKERS,
-                    shuffle=False,
+                    shuffle=self.workload in LOADER_WORKLOADS,
                 )
                 self._iter = iter(loader)
             try:
@@ -487,6 +497,13 @@ class LitDataLoader(LitDataDataset):
                 continue
             self._rows.extend(_as_numpy(batch))
         return self._rows.popleft()
+
+    def fetch(self, windows: WindowSet, i: int) -> Payload:
+        """Shuffled: the loader's next row (found in the stream by the check); in order:
+        the dataset's block for window ``i``."""
+        if self.workload in LOADER_WORKLOADS:
+            return self._next_row()
+        return super().fetch(windows, i)
 
     def read(self, windows: WindowSet, ids: np.ndarray, concurrency: int) -> int:
         return sum(int(self._next_row().nbytes) for _ in range(len(ids)))

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.config import PEER_CHUNK_BYTES, RunConfig
+from benchmarks.config import LOADER_WORKLOADS, PEER_CHUNK_BYTES, RunConfig
 from benchmarks.systems.base import Location, Support, System, Unavailable, payload_nbytes
 from benchmarks.workloads import (
     TEMPORAL_SPECS,
@@ -124,15 +124,16 @@ class MosaicDataset(System):
         from streaming.base.util import clean_stale_shared_memory
 
         clean_stale_shared_memory()
+        shuffle = self.workload in LOADER_WORKLOADS  # its default algorithm, py1e
         if location.kind == "s3":
             return streaming.StreamingDataset(
                 remote=location.s3_url,
                 local=str(location.cache_dir / "mds"),
-                shuffle=False,
+                shuffle=shuffle,
                 batch_size=batch_size,
             )
         return streaming.StreamingDataset(
-            local=str(location.local_dir), shuffle=False, batch_size=batch_size
+            local=str(location.local_dir), shuffle=shuffle, batch_size=batch_size
         )
 
     _batch_size = 1  # MosaicML partitions by batch; the loader's dataset must match its batch
@@ -194,13 +195,21 @@ class MosaicLoader(MosaicDataset):
         self._location: Location | None = None
 
     def supports(self, workload: str, location: str) -> Support | None:
-        if workload != "tokens-sequential":
+        if workload not in ("tokens-sequential", *LOADER_WORKLOADS):
             return None
+        shuffled = workload in LOADER_WORKLOADS
+        check = (
+            "the check finds each row checked in the token stream"
+            if shuffled
+            else "the check compares the dataset's samples, not the order"
+        )
         return Support(
+            own_concurrency=True,
+            any_order=shuffled,
             exact=False,
             note=f"StreamingDataLoader(batch_size={LOADER_BATCH}, num_workers={LOADER_WORKERS}) "
-            "over the 2049-token samples in its own order (shuffle=False), iterated across "
-            "repeats; the check compares the dataset's samples, not the order",
+            f"over the 2049-token samples in its own order (shuffle={shuffled}"
+            f"{', py1e' if shuffled else ''}), iterated across repeats; {check}",
         )
 
     def open(self, data: DatasetData, location: Location) -> None:
@@ -224,6 +233,13 @@ class MosaicLoader(MosaicDataset):
             tokens = batch["tokens"]
             self._rows.extend(tokens.numpy() if hasattr(tokens, "numpy") else tokens)
         return self._rows.popleft()
+
+    def fetch(self, windows: WindowSet, i: int) -> Payload:
+        """Shuffled: the loader's next row (found in the stream by the check); in order:
+        the dataset's sample for window ``i``."""
+        if self.workload in LOADER_WORKLOADS:
+            return np.asarray(self._next_row(), dtype=TOKEN_DTYPE)
+        return super().fetch(windows, i)
 
     def read(self, windows: WindowSet, ids: np.ndarray, concurrency: int) -> int:
         return sum(int(self._next_row().nbytes) for _ in range(len(ids)))

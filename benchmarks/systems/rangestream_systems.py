@@ -3,10 +3,19 @@
 - ``rangestream-sync``: ``StreamStorage.sync_reader().read`` (tokens),
   ``TemporalArrayStorage.read_window`` (temporal), ``DocumentStorage`` ``read_many`` (documents);
   one call per window.
+- ``rangestream-dataset``: the path users call for token windows,
+  ``StreamDataset(storage, sequence_length=2049, stride=1).sync_reader()[i]`` (window ``i``
+  starts at token ``i``), on local disk: the dataset layer on top of the storage read above.
 - ``rangestream-async``: the same through ``async_reader()`` / ``aread_window`` with
   ``concurrency`` windows in flight on one reader and one event loop.
 - ``rangestream-loader``: ``StatefulDataLoader.from_storage`` (2 workers, batches of 8,
-  ``next_token=True``), sequential order, beside LitData's ``StreamingDataLoader``.
+  ``next_token=True``), beside LitData's ``StreamingDataLoader``: sequential order
+  (``shuffle=False``) and a shuffled epoch (``shuffle=True``, the per-window shuffle).
+
+Hooks for the next loader rows (see benchmarks/README.md): ``RangestreamLoader`` builds its
+loader in :meth:`RangestreamLoader.make_loader` from :meth:`RangestreamLoader.loader_options`;
+the block-shuffle row (``rangestream-loader-block``) overrides ``loader_options`` and the
+mixed row (``rangestream-loader-mixed``) overrides ``make_loader``.
 
 Datasets are written with the library's defaults, except that temporal blocks are bounded
 at ``OBJECT_BYTES`` (the library's default there is 16 MiB). ``block_bytes`` (4 MiB by
@@ -31,6 +40,7 @@ import numpy as np
 from benchmarks.config import (
     LOADER_BATCH,
     LOADER_WORKERS,
+    LOADER_WORKLOADS,
     OBJECT_BYTES,
     TEMPORAL_GROUPS,
     RunConfig,
@@ -205,6 +215,47 @@ class RangestreamSync(_Rangestream):
         return sum(payload_nbytes(self._window(windows, i)) for i in ids.tolist())
 
 
+class RangestreamDataset(_Rangestream):
+    """``StreamDataset(storage, sequence_length=2049, stride=1).sync_reader()[i]``, local.
+
+    With ``stride=1`` item ``i`` is the window that starts at token ``i``, so every workload
+    window is one item, read exactly as a training script indexes a dataset. The row sits
+    beside ``rangestream-sync`` (the storage-level ``read``) so the cost of the dataset layer
+    is visible on its own.
+    """
+
+    name = "rangestream-dataset"
+    label = "rangestream StreamDataset[i]"
+
+    def supports(self, workload: str, location: str) -> Support | None:
+        if not workload.startswith("tokens") or location != "local":
+            return None
+        return Support(
+            concurrency=(1,),
+            note="StreamDataset(storage, sequence_length=2049, stride=1).sync_reader()[i], "
+            "item i = the window starting at token i; one item per window",
+        )
+
+    def open(self, data: DatasetData, location: Location) -> None:
+        assert isinstance(data, TokensData)
+        rs = _rangestream()
+        self._storage = self._make_storage(data, location, 16)
+        dataset = rs.StreamDataset(self._storage, sequence_length=data.window_tokens, stride=1)
+        self._reader = dataset.sync_reader()
+
+    def fetch(self, windows: WindowSet, i: int) -> Payload:
+        assert windows.starts is not None
+        return np.asarray(self._reader[int(windows.starts[i])][TOKEN_FIELD])
+
+    def read(self, windows: WindowSet, ids: np.ndarray, concurrency: int) -> int:
+        # raw-memmap's loop: window starts converted at once, then one subscript per window
+        assert windows.starts is not None
+        reader, total = self._reader, 0
+        for start in windows.starts[ids].tolist():
+            total += reader[start][TOKEN_FIELD].nbytes
+        return total
+
+
 class RangestreamAsync(_Rangestream):
     """Async readers with ``concurrency`` windows in flight on one reader and loop."""
 
@@ -281,10 +332,16 @@ def collate_with_io_stats(samples: list[Any]) -> tuple[Any, int, Any]:
 class RangestreamLoader(_Rangestream):
     """``StatefulDataLoader.from_storage``: the training-loop path, beside LitData's loader.
 
-    Sequential order (``shuffle=False``), so loader row ``k`` is window ``k`` of the
-    sequential token workload and the rows can be checked byte for byte. The open is timed
-    with the first *batch* out of the loader (workers started, first reads done), which is
-    the time to first batch a training loop sees. No cache directory: local disk used is 0.
+    On the sequential workload ``shuffle=False``, so loader row ``k`` is window ``k`` and
+    the rows are checked byte for byte; on the shuffled workload ``shuffle=True`` (the
+    per-window shuffle) and each row checked is found among the workload's windows. The open
+    is timed with the first *batch* out of the loader (workers started, first reads done),
+    which is the time to first batch a training loop sees. No cache directory: local disk
+    used is 0.
+
+    The loader rows still to come subclass this one: :meth:`loader_options` (the
+    ``from_storage`` arguments) for ``shuffle="block"``, :meth:`make_loader` for a mixture
+    of two sources (benchmarks/README.md, "Loader rows to come").
     """
 
     name = "rangestream-loader"
@@ -298,12 +355,15 @@ class RangestreamLoader(_Rangestream):
         self._io: dict[int, Any] = {}
 
     def supports(self, workload: str, location: str) -> Support | None:
-        if workload != "tokens-sequential":
+        if workload not in ("tokens-sequential", *LOADER_WORKLOADS):
             return None
+        shuffled = workload in LOADER_WORKLOADS
         return Support(
+            own_concurrency=True,
+            any_order=shuffled,
             note=f"StatefulDataLoader.from_storage(sequence_length=2048, next_token=True, "
-            f"batch_size={LOADER_BATCH}, num_workers={LOADER_WORKERS}, shuffle=False), "
-            "iterated across repeats (epochs restart); no local cache",
+            f"batch_size={LOADER_BATCH}, num_workers={LOADER_WORKERS}, "
+            f"shuffle={shuffled}), iterated across repeats (epochs restart); no local cache",
         )
 
     def open(self, data: DatasetData, location: Location) -> None:
@@ -314,23 +374,28 @@ class RangestreamLoader(_Rangestream):
         self._next_index = 0
         self._next_row(peek=True)  # first batch: part of the timed open
 
-    def _loader(self) -> Any:
+    def loader_options(self) -> dict[str, Any]:
+        """``from_storage``'s arguments for the current workload (hook: the shuffle)."""
+        return {
+            "sequence_length": self._sequence_length,
+            "batch_size": LOADER_BATCH,
+            "num_workers": LOADER_WORKERS,
+            "shuffle": self.workload in LOADER_WORKLOADS,
+            "next_token": True,
+        }
+
+    def make_loader(self) -> Any:
+        """A fresh loader over the opened storage (hook: a mixture of sources)."""
         from rangestream import StatefulDataLoader
 
         return StatefulDataLoader.from_storage(
-            self._storage,
-            collate_with_io_stats,
-            sequence_length=self._sequence_length,
-            batch_size=LOADER_BATCH,
-            num_workers=LOADER_WORKERS,
-            shuffle=False,
-            next_token=True,
+            self._storage, collate_with_io_stats, **self.loader_options()
         )
 
     def _next_row(self, *, peek: bool = False) -> np.ndarray:
         while not self._rows:
             if self._iter is None:
-                self._iter = iter(self._loader())
+                self._iter = iter(self.make_loader())
                 self._next_index = 0
             try:
                 batch, pid, io = next(self._iter)
@@ -356,9 +421,10 @@ class RangestreamLoader(_Rangestream):
 
         The first fetch (timed with the open) comes out of the loader; the verification of
         later windows uses a sync reader on the same storage, so it neither consumes nor
-        reorders the loader's stream.
+        reorders the loader's stream. Shuffled, every fetch is the loader's next row (the
+        harness finds it among the windows).
         """
-        if i == self._next_index and self._iter is not None:
+        if self.workload in LOADER_WORKLOADS or (i == self._next_index and self._iter is not None):
             return np.array(self._next_row())
         assert windows.starts is not None
         if self._reader is None:

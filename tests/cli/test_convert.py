@@ -15,7 +15,7 @@ from support.corpus import make_texts, write_jsonl
 from support.s3 import S3Location
 
 from rangestream import DocumentStorage, StreamNumpyFormat, StreamStorage
-from rangestream.testing import S3Endpoint
+from testkit import S3Endpoint
 
 
 def run_convert(
@@ -111,3 +111,19 @@ def test_convert_runs_on_a_dask_scheduler(
     with StreamStorage(tmp_path / "out", fmt).sync_reader() as reader:
         got = reader.read(0, reader.total_length)["sequence"]
     assert got.tolist() == np.concatenate(truth.seq(rust_tokenizer, texts)).tolist()
+
+
+def test_append_adds_a_second_conversion_as_new_shards(tmp_path: Path) -> None:
+    first = write_jsonl(tmp_path / "a.jsonl", [{"text": "one"}, {"text": "two"}])
+    second = write_jsonl(tmp_path / "b.jsonl", [{"text": "three"}])
+    common = ["--to", str(tmp_path / "out"), "--preset", "seq", "--tokenizer", "bytes",
+              "--workers", "0", "--no-progress"]  # fmt: skip
+    assert run_convert([str(first), *common]).returncode == 0
+    refused = run_convert([str(second), *common])
+    assert refused.returncode == 2 and "append" in refused.stderr
+    result = run_convert([str(second), *common, "--append"])
+    assert result.returncode == 0, result.stderr
+    with StreamStorage(tmp_path / "out").sync_reader() as reader:  # the format is recorded
+        assert reader.num_shards == 2
+        records = [bytes(reader.read_record(i)["sequence"][:-1].astype("u1")) for i in range(3)]
+    assert records == [b"one", b"two", b"three"]

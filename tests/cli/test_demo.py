@@ -9,7 +9,7 @@ from pathlib import Path
 
 from support.s3 import S3Location
 
-from rangestream.testing import S3Endpoint
+from testkit import S3Endpoint
 
 SMALL = ["--tokens", "200000", "--shards", "2", "--sequence-length", "256"]
 

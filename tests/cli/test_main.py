@@ -12,7 +12,7 @@ from support.s3 import Location
 
 from rangestream import StreamNumpyFormat, StreamStorage, __version__
 from rangestream.cli.main import main
-from rangestream.testing import S3Endpoint
+from testkit import S3Endpoint
 
 TOKENS = np.dtype([("t", "<i4")])
 COMMANDS = ["inspect", "verify", "gc"]

@@ -137,6 +137,10 @@ def test_each_preset_reads_back_equal_to_the_tokenizer_ground_truth(
     )
     check_preset(preset, summary, rows, rust_tokenizer)
     assert summary.shards == (5 if input_kind == "parquet" else 1)
+    # and read back without a format object: the dataset records its own
+    summary.storage = type(summary.storage)(location.url, storage_options=location.storage_options)
+    assert summary.storage.storage_format is None
+    check_preset(preset, summary, rows, rust_tokenizer)
 
 
 def test_a_hugging_face_dataset_converts_like_its_jsonl(
@@ -485,3 +489,33 @@ def test_the_stored_schema_describes_the_records_and_their_origin(
     assert RecordFormat.from_schema(schema["format"]) == summary.storage.storage_format
     assert schema["ingest"]["preset"] == "grpo"
     assert schema["ingest"]["keys"] == ["prompts", "responses", "masks", "rewards"]
+
+
+def test_append_adds_a_conversion_as_new_shards_of_the_same_preset_and_tokenizer(
+    location: Location, tmp_path: Path, rust_tokenizer: Any, tokenizer_dir: Path
+) -> None:
+    rows = rows_for("seq")
+    first, second = rows[:10], rows[10:]
+    kwargs = {
+        "preset": "seq", "tokenizer": tokenizer_dir / "tokenizer.json", "workers": 0,
+        "progress": False, "storage_options": location.storage_options,
+        "input_storage_options": {},
+    }  # fmt: skip
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    rangestream.convert(write_input("jsonl", tmp_path / "a", first), location.url, **kwargs)
+    summary = rangestream.convert(
+        write_input("parquet", tmp_path / "b", second), location.url, mode="append", **kwargs
+    )
+    assert summary.shards == 1 + 3  # the old shard and 14 rows in row groups of 5
+    stored = StreamStorage(location.url, storage_options=location.storage_options)
+    want = truth.seq(rust_tokenizer, [r["text"] for r in rows])
+    assert stream_of(stored)["sequence"].tolist() == np.concatenate(want).tolist()
+    with stored.sync_reader() as reader:
+        assert reader.num_records() == len(rows)
+        assert reader.read_record(-1)["sequence"].tolist() == want[-1].tolist()
+    with pytest.raises(Exception, match="tokenizer"):
+        rangestream.convert(
+            write_input("jsonl", tmp_path / "a", first), location.url, mode="append",
+            **{**kwargs, "tokenizer": "bytes"},
+        )  # fmt: skip

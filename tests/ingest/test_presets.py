@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from rangestream.ingest.inputs import Row
-from rangestream.ingest.presets import Fields, Limits, get_preset, token_dtype
+from rangestream.ingest.preset import Fields, Limits, token_dtype
+from rangestream.ingest.presets import get_preset
 from rangestream.ingest.tokenizers import ByteTokenizer
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import socket
 import uuid
 from typing import Any
 
@@ -10,8 +11,9 @@ import numpy as np
 import pytest
 
 from rangestream import RetryPolicy, StreamNumpyFormat, StreamStorage
+from rangestream.errors import StorageError
 from rangestream.io import retry
-from rangestream.testing import FaultKind, LatencyProxy, S3Endpoint
+from testkit import FaultKind, LatencyProxy, S3Endpoint
 
 TOKENS = np.dtype([("tokens", "<i4")])
 
@@ -81,3 +83,30 @@ def test_a_read_rides_out_more_failures_than_the_old_six_attempts_by_default(
         assert proxy.stats().fault(FaultKind.SLOWDOWN) == 9
     assert stats.retries == 9
     np.testing.assert_array_equal(window["tokens"], tokens[1000:1050])
+
+
+def _dns_failure() -> BaseException:
+    import aiohttp
+
+    key = aiohttp.client_reqrep.ConnectionKey("no-such-host", 9000, False, True, None, None, None)
+    return aiohttp.ClientConnectorDNSError(key, OSError(-2, "Name or service not known"))
+
+
+@pytest.mark.parametrize(
+    ("make_error", "unreachable"),
+    [
+        (lambda: ConnectionRefusedError(111, "refused"), True),
+        (lambda: socket.gaierror(-2, "Name or service not known"), True),
+        (_dns_failure, True),  # a subclass of ClientConnectorError, matched along its MRO
+        (lambda: ConnectionResetError(104, "reset"), False),
+        (lambda: TimeoutError("read timed out"), False),
+    ],
+)
+def test_unreachable_means_no_connection_was_made(make_error: Any, unreachable: bool) -> None:
+    try:
+        try:
+            raise make_error()
+        except Exception as cause:
+            raise StorageError("wrapped") from cause
+    except StorageError as error:
+        assert retry.is_unreachable(error) is unreachable

@@ -28,15 +28,9 @@ from rangestream.io import RangeReader, RangeRequest, RetryPolicy, S3Store, Suff
 from rangestream.io.process import run_blocking as run_sync
 from rangestream.io.retry import is_transient
 from rangestream.io.s3 import _LeanReads
-from rangestream.io.s3_client import (
-    READS_ENV,
-    S3ReadClient,
-    S3RequestError,
-    S3TransientError,
-    _error,
-    lean_read_config,
-)
-from rangestream.testing import FaultKind, LatencyProxy, S3Endpoint
+from rangestream.io.s3_client import S3ReadClient, S3RequestError, S3TransientError, _error
+from rangestream.io.s3_options import READS_ENV, lean_read_config
+from testkit import FaultKind, LatencyProxy, S3Endpoint
 
 SIZE = 100_003
 FAST = RetryPolicy(max_attempts=6, base_delay=0.01, max_delay=0.05, request_timeout=5)

@@ -2,8 +2,10 @@
 
 Up to ``INLINE_SHARDS`` shards the root lists every shard (one request opens the dataset);
 beyond, it holds their count and totals and the rows are read from ``index/shards``, checked
-against those totals. Version 1 roots are read as before; a newer version is refused with a
-message that says what to do.
+against those totals. ``inherited`` (an appended version's shards under earlier commits)
+is parsed as untrusted and checked against the shard ids, listed or read from the table.
+Version 1 roots are read as before; a newer version is refused with a message that says what
+to do.
 """
 
 from __future__ import annotations
@@ -184,3 +186,81 @@ def test_arrays_of_one_block_are_stored_with_a_block_of_their_own_size_from_vers
     assert old.stored_layout("stream", 1) == full  # version 1 wrote full chunk indexes
     sparse = ArrayLayout(np.dtype("<i4"), (), 256, 1024, dense_chunks=False)
     assert sparse.stored_for(1) == sparse  # chunk indexes read by size: never shrunk
+
+
+# -- inherited shards (appends) ------------------------------------------------------------
+
+OWN, OLD, OLDER = "a" * 32, "b" * 32, "c" * 32
+
+
+def appended(inherited: dict[str, list[int]]) -> Manifest:
+    layout = ArrayLayout(np.dtype("u1"), (), 64, 1024)
+    ids = np.asarray([0, 1, 4], dtype=np.int64)
+    lengths = {"payload_heap": np.asarray([5, 6, 7]), "payload_offsets": np.asarray([2, 2, 2])}
+    arrays = {"payload_heap": layout, "payload_offsets": ArrayLayout(np.dtype("<i8"), (), 8, 64)}
+    return Manifest("document", OWN, {}, arrays, ids, lengths, {}, inherited)
+
+
+def attributes(inherited: dict[str, list[int]]) -> dict[str, Any]:
+    return dict(json.loads(json.dumps(appended(inherited).to_attributes())))
+
+
+def test_a_manifest_without_inherited_shards_writes_none() -> None:
+    written = attributes({})
+    assert written["format_version"] == 2 and "inherited" not in written
+    assert parse_attributes(written, "root").array_key(4, "payload_heap") == (
+        f"data/{OWN}/shards/4/payload_heap"
+    )
+
+
+def test_inherited_shards_are_read_under_their_commit() -> None:
+    written = attributes({OLD: [0], OLDER: [1]})
+    assert written["format_version"] == 2 and written["inherited"] == {OLD: [0], OLDER: [1]}
+    parsed = parse_attributes(written, "root")
+    assert parsed.array_key(0, "payload_heap") == f"data/{OLD}/shards/0/payload_heap"
+    assert parsed.array_key(1, "payload_offsets") == f"data/{OLDER}/shards/1/payload_offsets"
+    assert parsed.array_key(4, "payload_heap") == f"data/{OWN}/shards/4/payload_heap"
+    assert parsed.commits == [OWN, OLD, OLDER]
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (lambda a: a.update(format_version=1), "format_version 2"),
+        (lambda a: a.update(format_version=3), "not supported"),
+        (lambda a: a.update(inherited={OWN: [0]}), "earlier commit"),
+        (lambda a: a.update(inherited={"../../etc": [0]}), "earlier commit"),
+        (lambda a: a.update(inherited={OLD: [2]}), "distinct shards"),
+        (lambda a: a.update(inherited={OLD: [0], OLDER: [0]}), "distinct shards"),
+        (lambda a: a.update(inherited={OLD: [0, 0]}), "distinct shards"),
+        (lambda a: a.update(inherited={OLD: "0"}), "64-bit integers"),
+        (lambda a: a.update(inherited=[OLD]), "bad inherited"),
+        (lambda a: a["extra"].update(previous_inherited=["x"]), "previous_inherited"),
+    ],
+)
+def test_a_malformed_inherited_map_is_refused(change: Any, match: str) -> None:
+    written = attributes({OLD: [0]})
+    change(written)
+    with pytest.raises(MetadataError, match=match):
+        parse_attributes(written, "root")
+
+
+def test_inherited_shards_of_a_table_are_checked_against_the_rows_read(tmp_path: Path) -> None:
+    value = manifest(INLINE_SHARDS + 5)
+    ids = value.shard_ids.tolist()
+    grown = Manifest(
+        value.kind, COMMIT, value.schema, value.arrays, value.shard_ids, value.lengths, {},
+        {OLD: ids[:3], OLDER: ids[3:5]},
+    )  # fmt: skip
+    written = attributes_of(grown)
+    assert "ids" not in written["shards"] and written["inherited"] == {
+        OLD: ids[:3],
+        OLDER: ids[3:5],
+    }
+    store = store_table(tmp_path, grown)
+    parsed, _ = read_table(store, parse_attributes(written, "root"))
+    assert parsed.array_key(ids[4], "stream") == f"data/{OLDER}/shards/{ids[4]}/stream"
+    assert parsed.array_key(ids[5], "stream") == f"data/{COMMIT}/shards/{ids[5]}/stream"
+    written["inherited"] = {OLD: [ids[-1] + 1]}  # not a shard of this version
+    with pytest.raises(CorruptDataError, match="distinct shards of this version"):
+        read_table(store, parse_attributes(written, "root"))

@@ -20,7 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from rangestream.loader import IndexedBatchDataset, StatefulDataLoader
+from rangestream.loader import (
+    BatchIterableDataset,
+    BatchOptions,
+    IndexedSource,
+    StatefulDataLoader,
+)
 
 
 @dataclass
@@ -257,7 +262,7 @@ def run_training_with_checkpoints(
     The checkpoint holds the loader state and every batch seen so far, written atomically
     (write then rename), as a real trainer would persist model and loader together.
     """
-    dataset = IndexedBatchDataset(
+    dataset = indexed_batches(
         FakeStreamDataset(FakeStreamStorage(num_tokens), sequence_length),
         batch_size=batch_size,
         seed=seed,
@@ -275,3 +280,12 @@ def run_training_with_checkpoints(
                 json.dump({"state": loader.state_dict(), "batches": seen}, handle)
             os.replace(temporary, checkpoint_path)
             time.sleep(pause)
+
+
+def indexed_batches(
+    dataset: Any, *, shuffle: str | bool = True, seed: int = 0, **options: Any
+) -> BatchIterableDataset:
+    """The loader's dataset over an indexed (fake or real) dataset."""
+    return BatchIterableDataset(
+        IndexedSource(dataset, shuffle=shuffle, seed=seed), BatchOptions(**options)
+    )

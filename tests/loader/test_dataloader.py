@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -27,14 +26,13 @@ from rangestream.errors import LoaderConfigError, StateError
 from rangestream.io import process_io_stats
 from rangestream.loader import (
     DEFAULT_PREFETCH,
-    IndexedBatchDataset,
     Pad,
     PadCollate,
     StatefulDataLoader,
     WindowSampler,
     stack_collate,
 )
-from rangestream.loader.iterable import RUN_READ_BYTES
+from rangestream.loader.reading import STRETCH_READ_BYTES
 
 from .expected import epoch_order, expected_global_batches, expected_rank_batches, flatten
 from .fakes import (
@@ -42,6 +40,7 @@ from .fakes import (
     FakeDocumentStorage,
     FakeStreamDataset,
     FakeStreamStorage,
+    indexed_batches,
     positions_of,
     run_training_with_checkpoints,
 )
@@ -64,12 +63,12 @@ def make_loader(
     **kwargs: Any,
 ) -> StatefulDataLoader:
     """A loader over fake windows; ``run_steps`` makes the windows report a size for which
-    a sequential run is exactly that many batches (see ``RUN_READ_BYTES``)."""
-    span = None if run_steps is None else RUN_READ_BYTES // (run_steps * batch_size)
+    a sequential run is exactly that many batches (see ``STRETCH_READ_BYTES``)."""
+    span = None if run_steps is None else STRETCH_READ_BYTES // (run_steps * batch_size)
     windows = FakeStreamDataset(
         FakeStreamStorage(num_windows * SEQUENCE_LENGTH), SEQUENCE_LENGTH, span_bytes=span
     )
-    dataset = IndexedBatchDataset(
+    dataset = indexed_batches(
         windows,
         batch_size=batch_size,
         shuffle=shuffle,
@@ -210,7 +209,7 @@ def test_sequential_workers_build_runs_of_steps_and_the_loader_restores_step_ord
 def test_a_worker_reads_each_run_of_batches_with_one_read_many() -> None:
     loader = make_loader(90, shuffle=False, num_workers=0, run_steps=3)
     list(loader)
-    fake = loader.dataset.dataset
+    fake = loader.dataset.source.dataset
     assert isinstance(fake, FakeStreamDataset)
     # the lead-in step alone, then 22 steps in runs of 3 batches of 4 windows
     assert fake.stats.read_many_sizes == [4] + [12] * 7 + [4]
@@ -219,7 +218,7 @@ def test_a_worker_reads_each_run_of_batches_with_one_read_many() -> None:
 def test_shuffled_or_untagged_multi_worker_reads_keep_one_step_per_run() -> None:
     shuffled = make_loader(40, num_workers=0, run_steps=3)
     list(shuffled)
-    assert shuffled.dataset.dataset.stats.read_many_sizes == [4] * 10  # type: ignore[attr-defined]
+    assert shuffled.dataset.source.dataset.stats.read_many_sizes == [4] * 10  # type: ignore[attr-defined]
     # a plain DataLoader does not re-sort: its workers take single steps in round robin
     dataset = make_loader(40, shuffle=False, run_steps=3).dataset
     dataset.tag_steps(False)
@@ -247,7 +246,7 @@ def test_a_run_stopped_inside_a_worker_run_resumes_exactly(
 
 def test_a_batch_missing_at_the_end_of_the_epoch_is_an_error_not_a_silent_skip() -> None:
     loader = make_loader(16, shuffle=False)
-    loader._start_workers = lambda epoch, consumed: iter([(0, "a"), (2, "c")])  # type: ignore[method-assign]
+    loader._start_workers = lambda start: iter([(0, "a", None), (2, "c", None)])  # type: ignore[method-assign]
     iterator = iter(loader)
     assert next(iterator) == "a"
     with pytest.raises(StateError, match="without step 1"):
@@ -459,7 +458,6 @@ def test_workers_read_in_their_own_processes_with_every_start_method(
     [
         ({"batch_size": 4}, "batch_size belong"),
         ({"collate_fn": list}, "collate_fn belong"),
-        ({"persistent_workers": True}, "persistent_workers"),
         ({"in_order": False}, "in_order"),
     ],
 )
@@ -468,7 +466,7 @@ def test_options_that_would_break_the_order_are_refused(
 ) -> None:
     windows = FakeStreamDataset(FakeStreamStorage(16), SEQUENCE_LENGTH)
     with pytest.raises(LoaderConfigError, match=message):
-        StatefulDataLoader(IndexedBatchDataset(windows, rank=0, world_size=1), **options)
+        StatefulDataLoader(indexed_batches(windows, rank=0, world_size=1), **options)
 
 
 # -- from_storage ------------------------------------------------------------------------
@@ -502,6 +500,7 @@ def test_from_storage_serves_stream_with_meta_storage_as_windows() -> None:
         sequence_length=4,
         batch_size=2,
         num_workers=0,
+        shuffle="window",
         shuffle_seed=SEED,
         rank=0,
         world_size=1,
@@ -551,8 +550,10 @@ def test_from_storage_takes_rank_and_world_size_from_torch_distributed(
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.distributed, "get_rank", lambda: 2)
     monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 3)
-    loader = StatefulDataLoader.from_storage(FakeStreamStorage(96), sequence_length=4, batch_size=2)
-    assert (loader.dataset.rank, loader.dataset.world_size) == (2, 3)
+    loader = StatefulDataLoader.from_storage(
+        FakeStreamStorage(96), sequence_length=4, batch_size=2, shuffle="window"
+    )
+    assert (loader.dataset.options.rank, loader.dataset.options.world_size) == (2, 3)
     expected = expected_rank_batches(
         epoch_order(24, 0, 0), batch_size=2, world_size=3, rank=2, drop_last=True
     )
@@ -587,7 +588,7 @@ def test_two_ranks_with_two_workers_read_every_window_of_a_real_stream_once(
     for rank in range(2):
         loader = StatefulDataLoader.from_storage(
             storage, sequence_length=8, batch_size=4, rank=rank, world_size=2,
-            num_workers=2, drop_last=False, shuffle_seed=SEED,
+            num_workers=2, drop_last=False, shuffle="window", shuffle_seed=SEED,
         )  # fmt: skip
         assert len(loader) == 6  # counted in this process before the workers fork
         per_rank.append([batch["tokens"].numpy() for batch in loader])
@@ -743,7 +744,7 @@ def test_a_sequential_run_of_batches_is_read_with_one_request(
                             storage_options=location.storage_options)  # fmt: skip
     with storage.sync_writer() as writer:
         writer.append(0, {"tokens": tokens, "loss_mask": (tokens % 2).astype("u1")})
-    # prefetch 32 allows runs of 32 // (2 * 4) = 4 batches, far below RUN_READ_BYTES
+    # prefetch 32 allows runs of 32 // (2 * 4) = 4 batches, far below STRETCH_READ_BYTES
     loader = StatefulDataLoader.from_storage(
         storage, collate_with_io, sequence_length=16, batch_size=4, num_workers=num_workers,
         shuffle=False, prefetch=32,
@@ -863,15 +864,29 @@ def test_a_resume_inside_or_after_the_head_run_continues_exactly(
     assert len(seen) + len(rest) == 40
 
 
-def test_local_storage_is_read_without_an_event_loop_thread(tmp_path: Path) -> None:
+LOCAL_PROBE = """
+import sys
+import numpy as np
+from rangestream import StatefulDataLoader, StreamNumpyFormat, StreamStorage
+from rangestream.io.process import io_loop_started
+dtype = np.dtype([("tokens", "<i4"), ("loss_mask", "u1")])
+storage = StreamStorage(sys.argv[1], StreamNumpyFormat(dtype))
+loader = StatefulDataLoader.from_storage(storage, sequence_length=10, batch_size=3,
+                                         num_workers=int(sys.argv[2]))
+batches = sum(1 for _ in loader)
+print(batches, io_loop_started() is None)
+"""
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_local_storage_is_read_without_an_event_loop(tmp_path: Path, num_workers: int) -> None:
     url = str(tmp_path / "tokens")
     write_token_stream(url, {}, [100, 60])
-    storage = StreamStorage(url, StreamNumpyFormat(TOKENS))
-    loader = StatefulDataLoader.from_storage(storage, sequence_length=10, batch_size=3)
-    threads = set()
-    for _ in loader:
-        threads |= {thread.name for thread in threading.enumerate()}
-    assert "rangestream-loader-io" not in threads
+    result = subprocess.run(
+        [sys.executable, "-c", LOCAL_PROBE, url, str(num_workers)],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    assert result.stdout.split() == [str(16 // 3), "True"]  # 16 windows of 10 tokens
 
 
 PRELOAD_PROBE = """
@@ -900,3 +915,56 @@ def test_what_workers_import_is_imported_before_they_fork_and_only_then(
         capture_output=True, text=True, timeout=120, check=True,
     )  # fmt: skip
     assert result.stdout.split() == [str(imported), str(imported)]
+
+
+# -- persistent workers ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shuffle", ["window", "block"])
+def test_persistent_workers_play_every_epoch_and_a_new_epoch_opens_nothing(
+    location: Location, shuffle: str
+) -> None:
+    write_token_stream(location.url, location.storage_options, [400, 240])  # 80 windows
+    storage = StreamStorage(location.url, StreamNumpyFormat(TOKENS),
+                            storage_options=location.storage_options)  # fmt: skip
+    loader = StatefulDataLoader.from_storage(
+        storage, collate_with_io, sequence_length=8, batch_size=4, num_workers=2,
+        shuffle=shuffle, shuffle_seed=SEED, persistent_workers=True, rank=0, world_size=1,
+    )  # fmt: skip
+    opens: list[dict[int, int]] = []
+    epochs = []
+    for _ in range(3):
+        starts, by_worker = [], {}
+        for batch, pid, stats in loader:
+            starts.extend((batch["tokens"][:, 0] // 8).tolist())
+            by_worker[pid] = stats.by_key_kind.get("zarr.json", 0)
+        epochs.append(starts)
+        opens.append(by_worker)
+    assert all(sorted(starts) == list(range(80)) for starts in epochs)
+    assert epochs[0] != epochs[1] != epochs[2]  # a new order each epoch
+    if shuffle == "window":
+        assert epochs == [epoch_order(80, SEED, epoch) for epoch in range(3)]
+    # the same two workers all along, each opened the dataset once
+    assert opens[0] == opens[1] == opens[2] and set(opens[0].values()) == {1}
+    assert len(opens[0]) == 2 and os.getpid() not in opens[0]
+
+
+def test_persistent_workers_resume_mid_epoch_from_a_state(tmp_path: Path) -> None:
+    url = str(tmp_path / "tokens")
+    write_token_stream(url, {}, [400, 240])
+    storage = StreamStorage(url, StreamNumpyFormat(TOKENS))
+
+    def loader() -> StatefulDataLoader:
+        return StatefulDataLoader.from_storage(
+            storage, sequence_length=8, batch_size=4, num_workers=2, shuffle_seed=SEED,
+            persistent_workers=True, rank=0, world_size=1,
+        )  # fmt: skip
+
+    first = loader()
+    iterator = iter(first)
+    seen = [(batch["tokens"][:, 0] // 8).tolist() for batch in (next(iterator) for _ in range(5))]
+    resumed = loader()
+    list(resumed)  # its workers start and finish an epoch first
+    resumed.load_state_dict(first.state_dict())
+    rest = [(batch["tokens"][:, 0] // 8).tolist() for batch in resumed]
+    assert flatten(seen + rest) == epoch_order(80, SEED, 0)

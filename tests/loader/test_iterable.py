@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import gc
 import os
 import subprocess
@@ -15,10 +16,11 @@ import torch.utils.data
 import torchdata.stateful_dataloader
 
 from rangestream.errors import LoaderConfigError, StateError
-from rangestream.loader import IndexedBatchDataset
+from rangestream.io.process import io_loop
+from rangestream.loader import BatchIterableDataset, LoaderPosition
 
 from .expected import epoch_order, expected_rank_batches, flatten
-from .fakes import FakeStreamDataset, FakeStreamStorage, positions_of
+from .fakes import FakeStreamDataset, FakeStreamStorage, indexed_batches, positions_of
 
 SEQUENCE_LENGTH = 4
 
@@ -34,14 +36,14 @@ def make_dataset(
     prefetch: int = 8,
     delay: float = 0.0,
     fail_at: int | None = None,
-) -> IndexedBatchDataset:
+) -> BatchIterableDataset:
     windows = FakeStreamDataset(
         FakeStreamStorage(num_windows * SEQUENCE_LENGTH),
         SEQUENCE_LENGTH,
         delay=delay,
         fail_at=fail_at,
     )
-    return IndexedBatchDataset(
+    return indexed_batches(
         windows,
         batch_size=batch_size,
         seed=seed,
@@ -52,8 +54,8 @@ def make_dataset(
     )
 
 
-def fake_of(dataset: IndexedBatchDataset) -> FakeStreamDataset:
-    fake = dataset.dataset
+def fake_of(dataset: BatchIterableDataset) -> FakeStreamDataset:
+    fake = dataset.source.dataset
     assert isinstance(fake, FakeStreamDataset)
     return fake
 
@@ -104,7 +106,7 @@ def test_prefetch_of_one_reads_strictly_one_window_at_a_time() -> None:
 
 def test_set_epoch_restarts_another_epoch_but_keeps_the_position_of_the_current_one() -> None:
     dataset = make_dataset(16)
-    dataset.seek(0, 8)
+    dataset.seek(LoaderPosition(0, 8))
     dataset.set_epoch(0)
     assert [positions_of(b) for b in dataset] == [
         epoch_order(16, 3, 0)[8:12],
@@ -147,7 +149,7 @@ def test_plain_dataloader_with_two_workers_yields_the_rank_order_read_in_the_wor
 
 @pytest.mark.filterwarnings("ignore:.*set_vital.*:UserWarning")
 def test_torchdata_loader_resumes_the_per_worker_state_with_the_same_workers() -> None:
-    def loader_for(dataset: IndexedBatchDataset) -> Any:
+    def loader_for(dataset: BatchIterableDataset) -> Any:
         return torchdata.stateful_dataloader.StatefulDataLoader(
             dataset, batch_size=None, num_workers=2
         )
@@ -183,8 +185,17 @@ def test_state_from_another_seed_is_refused() -> None:
         make_dataset(20, seed=2).load_state_dict(state)
 
 
-def test_a_failed_read_propagates_and_stops_the_loop_thread() -> None:
-    threads_before = set(threading.enumerate())
+def tasks_on_the_io_loop() -> int:
+    """Tasks of any kind still on this process's I/O loop (the loader's reads run there)."""
+
+    async def count() -> int:
+        return len(asyncio.all_tasks()) - 1  # not this one
+
+    return asyncio.run_coroutine_threadsafe(count(), io_loop()).result(timeout=10)
+
+
+def test_a_failed_read_propagates_and_cancels_the_iterations_other_reads() -> None:
+    threads_before = {thread.name for thread in threading.enumerate()}
     order = epoch_order(20, seed=3, epoch=0)
     dataset = make_dataset(20, fail_at=order[6], delay=0.001)
     seen = []
@@ -192,22 +203,28 @@ def test_a_failed_read_propagates_and_stops_the_loop_thread() -> None:
         for batch in dataset:
             seen.append(positions_of(batch))
     assert seen == [order[0:4]]
-    assert not set(threading.enumerate()) - threads_before  # its loop thread has ended
+    assert tasks_on_the_io_loop() == 0  # the reads beside the failed one are drained
+    assert fake_of(dataset).stats.in_flight == 0
+    # the reads ran on the process's one I/O loop: no thread of their own
+    assert {thread.name for thread in threading.enumerate()} - threads_before <= {"rangestream-io"}
 
 
-def test_abandoning_an_iteration_stops_its_loop_thread() -> None:
-    threads_before = set(threading.enumerate())
-    iterator = iter(make_dataset(20, delay=0.001))
+def test_abandoning_an_iteration_cancels_and_drains_its_reads() -> None:
+    dataset = make_dataset(200, delay=0.02)
+    iterator = iter(dataset)
     next(iterator)
-    assert len(set(threading.enumerate()) - threads_before) == 1  # its loop thread
+    assert iterator.tasks.pending() > 0  # type: ignore[attr-defined]  # reads in flight
     iterator.close()  # type: ignore[attr-defined]
-    assert not set(threading.enumerate()) - threads_before
+    assert iterator.tasks.pending() == 0  # type: ignore[attr-defined]
+    assert tasks_on_the_io_loop() == 0
+    stats = fake_of(dataset).stats
+    assert stats.in_flight == 0 and stats.started < 200
 
 
 @pytest.mark.parametrize(("drop_last", "expected"), [(True, 5), (False, 6)])
 def test_len_counts_the_batches_of_a_whole_epoch(drop_last: bool, expected: int) -> None:
     dataset = make_dataset(45, rank=1, world_size=2, drop_last=drop_last)
-    dataset.seek(0, 16)
+    dataset.seek(LoaderPosition(0, 16))
     assert len(dataset) == expected
 
 
@@ -239,25 +256,23 @@ def test_the_first_read_starts_when_the_iterator_is_made_and_goes_alone() -> Non
     assert stats.started == 12
 
 
-def test_an_iterator_dropped_before_its_first_batch_stops_its_loop_thread() -> None:
-    dataset = make_dataset(40, delay=0.001)
+def test_an_iterator_dropped_before_its_first_batch_cancels_its_reads() -> None:
+    dataset = make_dataset(40, delay=0.02)
     iterator = iter(dataset)
     del iterator
     gc.collect()
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and any(
-        thread.name == "rangestream-loader-io" for thread in threading.enumerate()
-    ):
+    while time.monotonic() < deadline and tasks_on_the_io_loop():
         time.sleep(0.01)
-    assert not [t for t in threading.enumerate() if t.name == "rangestream-loader-io"]
+    assert tasks_on_the_io_loop() == 0
+    assert fake_of(dataset).stats.in_flight == 0
 
 
 EXIT_PROBE = """
 import sys
 sys.path.insert(0, sys.argv[1])
-from loader.fakes import FakeStreamDataset, FakeStreamStorage
-from rangestream.loader import IndexedBatchDataset
-dataset = IndexedBatchDataset(
+from loader.fakes import FakeStreamDataset, FakeStreamStorage, indexed_batches
+dataset = indexed_batches(
     FakeStreamDataset(FakeStreamStorage(400 * 4), 4, delay=0.001), batch_size=4, prefetch=8
 )
 iterator = iter(dataset)
@@ -303,7 +318,7 @@ def test_an_empty_dataset_raises_even_without_drop_last() -> None:
 
 def test_the_end_of_a_resumed_epoch_is_not_an_error() -> None:
     dataset = make_dataset(8, batch_size=4, drop_last=True)
-    dataset.seek(0, 8)
+    dataset.seek(LoaderPosition(0, 8))
     assert list(dataset) == []
 
 

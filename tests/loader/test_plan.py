@@ -64,7 +64,7 @@ def test_an_empty_epoch_has_no_steps() -> None:
 def test_worker_round_robin_reassembles_the_rank_order(num_steps: int, num_workers: int) -> None:
     plan = EpochPlan(num_steps * 2, batch_size=2)
     per_worker = [
-        [step for run in plan.worker_runs(w, num_workers, 1) for step in run]
+        [step for run in plan.worker_stretches(w, num_workers, 1) for step in run]
         for w in range(num_workers)
     ]
     # The DataLoader asks workers 0, 1, ..., W-1, 0, ... and skips exhausted ones.
@@ -79,30 +79,30 @@ def test_worker_round_robin_reassembles_the_rank_order(num_steps: int, num_worke
 
 @pytest.mark.parametrize("num_steps", [0, 1, 5, 6, 7, 12, 13])
 @pytest.mark.parametrize("num_workers", [1, 2, 3])
-@pytest.mark.parametrize("run_steps", [2, 3])
+@pytest.mark.parametrize("stretch_steps", [2, 3])
 def test_runs_of_consecutive_steps_are_dealt_round_robin_and_cover_every_step_once(
-    num_steps: int, num_workers: int, run_steps: int
+    num_steps: int, num_workers: int, stretch_steps: int
 ) -> None:
     plan = EpochPlan(num_steps * 2, batch_size=2)
-    runs = [list(plan.worker_runs(w, num_workers, run_steps)) for w in range(num_workers)]
-    for w, worker_runs in enumerate(runs):
+    runs = [list(plan.worker_stretches(w, num_workers, stretch_steps)) for w in range(num_workers)]
+    for w, worker_stretches in enumerate(runs):
         if w < num_steps:  # a lead-in of one step per worker
-            assert worker_runs[0] == range(w, w + 1)
-            worker_runs = worker_runs[1:]
-        for k, run in enumerate(worker_runs):
-            assert run.start == num_workers + (k * num_workers + w) * run_steps
-            assert len(run) == run_steps or run.stop == num_steps
-    assert sorted(step for worker_runs in runs for run in worker_runs for step in run) == list(
-        range(num_steps)
-    )
+            assert worker_stretches[0] == range(w, w + 1)
+            worker_stretches = worker_stretches[1:]
+        for k, run in enumerate(worker_stretches):
+            assert run.start == num_workers + (k * num_workers + w) * stretch_steps
+            assert len(run) == stretch_steps or run.stop == num_steps
+    assert sorted(
+        step for worker_stretches in runs for run in worker_stretches for step in run
+    ) == list(range(num_steps))
 
 
 def test_run_length_and_worker_are_checked() -> None:
     plan = EpochPlan(10, batch_size=2)
-    with pytest.raises(LoaderConfigError, match="run_steps"):
-        next(plan.worker_runs(0, 2, 0))
+    with pytest.raises(LoaderConfigError, match="stretch_steps"):
+        next(plan.worker_stretches(0, 2, 0))
     with pytest.raises(LoaderConfigError, match="worker_id"):
-        next(plan.worker_runs(2, 2, 1))
+        next(plan.worker_stretches(2, 2, 1))
 
 
 @pytest.mark.parametrize("drop_last", [True, False])

@@ -563,7 +563,7 @@ def test_window_shuffle_reads_each_shuffled_window_alone_and_storage_order_in_ru
     assert [int(read.windows[0]) for read in group.reads] == group.windows.tolist()
     assert [read.first_use for read in group.reads] == [0, 1, 2, 3]
     ordered = WindowShuffle(100, seed=0, shuffle=False).worker_plan(
-        0, position, rank=0, worker_id=1, run_steps=3
+        0, position, rank=0, worker_id=1, stretch_steps=3
     )
     groups = list(ordered.groups())
     # lead-in step 1, then runs of three steps: 5..7 (12 adjacent windows, one read)

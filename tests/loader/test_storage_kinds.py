@@ -7,8 +7,9 @@ import pytest
 
 from rangestream.errors import LoaderConfigError
 from rangestream.loader import (
-    IndexedBatchDataset,
-    LoaderOptions,
+    IndexedSource,
+    SampleSource,
+    SourceOptions,
     StatefulDataLoader,
     register_storage_kind,
     registered_kinds,
@@ -42,22 +43,21 @@ def test_a_storage_without_a_registered_kind_names_the_known_kinds() -> None:
 
 @pytest.mark.usefixtures("clean_registry")
 def test_a_registered_kind_is_served_by_from_storage() -> None:
-    def build(storage: Any, options: LoaderOptions) -> IndexedBatchDataset:
-        windows = FakeStreamDataset(storage, options.sequence_length or 2)
-        return IndexedBatchDataset(
-            windows, batch_size=options.batch_size, shuffle=False, rank=0, world_size=1
-        )
+    def build(storage: Any, options: SourceOptions) -> SampleSource:
+        return IndexedSource(FakeStreamDataset(storage, options.sequence_length or 2),
+                             shuffle=False)  # fmt: skip
 
     register_storage_kind("tokens_v2", build)
     loader = StatefulDataLoader.from_storage(
-        FakeStreamStorage(8, kind="tokens_v2"), batch_size=2, num_workers=0
-    )
+        FakeStreamStorage(8, kind="tokens_v2"), batch_size=2, num_workers=0, rank=0,
+        world_size=1,
+    )  # fmt: skip
     assert [positions_of(batch) for batch in loader] == [[0, 1], [2, 3]]
 
 
 @pytest.mark.usefixtures("clean_registry")
 def test_registering_a_kind_twice_needs_replace() -> None:
-    def build(storage: Any, options: LoaderOptions) -> IndexedBatchDataset:
+    def build(storage: Any, options: SourceOptions) -> SampleSource:
         raise AssertionError("never built")
 
     with pytest.raises(LoaderConfigError, match="'stream' is already registered"):

@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 
 from rangestream.errors import LoaderConfigError, StateError
-from rangestream.loader import StatefulDataLoader, TemporalBatchDataset, WindowSampler
+from rangestream.loader import (
+    BatchIterableDataset,
+    BatchOptions,
+    StatefulDataLoader,
+    TemporalWindowSource,
+    WindowSampler,
+)
 
 from .expected import flatten
 from .fakes import FakeTemporalStorage
@@ -61,17 +67,13 @@ def test_no_eligible_record_is_a_clear_error() -> None:
 
 def make_temporal(
     *, rank: int = 0, world_size: int = 1, batch_size: int = 3, samples: int = 26
-) -> TemporalBatchDataset:
-    return TemporalBatchDataset(
-        FakeTemporalStorage(FRAME_COUNTS, delay=0.001),
-        FRAMES,
-        batch_size=batch_size,
-        seed=7,
-        rank=rank,
-        world_size=world_size,
-        samples_per_epoch=samples,
-        drop_last=False,
+) -> BatchIterableDataset:
+    source = TemporalWindowSource(
+        FakeTemporalStorage(FRAME_COUNTS, delay=0.001), FRAMES, seed=7, samples_per_epoch=samples
     )
+    options = BatchOptions(batch_size=batch_size, rank=rank, world_size=world_size,
+                           drop_last=False)  # fmt: skip
+    return BatchIterableDataset(source, options)
 
 
 def expected_windows(epoch: int, counters: list[int]) -> list[tuple[int, int]]:
@@ -111,16 +113,18 @@ def test_temporal_loader_resumes_with_another_world_size() -> None:
 
 def test_temporal_state_with_another_window_length_is_refused() -> None:
     state = StatefulDataLoader(make_temporal()).state_dict()
-    other = TemporalBatchDataset(
-        FakeTemporalStorage(FRAME_COUNTS), 4, seed=7, samples_per_epoch=26, rank=0, world_size=1
+    other = BatchIterableDataset(
+        TemporalWindowSource(FakeTemporalStorage(FRAME_COUNTS), 4, seed=7, samples_per_epoch=26),
+        BatchOptions(rank=0, world_size=1),
     )
     with pytest.raises(StateError, match="frames=5"):
         StatefulDataLoader(other).load_state_dict(state)
 
 
 def test_epoch_length_defaults_to_the_number_of_eligible_records() -> None:
-    dataset = TemporalBatchDataset(
-        FakeTemporalStorage(FRAME_COUNTS), FRAMES, batch_size=1, rank=0, world_size=1
+    dataset = BatchIterableDataset(
+        TemporalWindowSource(FakeTemporalStorage(FRAME_COUNTS), FRAMES),
+        BatchOptions(batch_size=1, rank=0, world_size=1),
     )
     assert len(dataset) == len(ELIGIBLE)
     assert len(list(dataset)) == len(ELIGIBLE)

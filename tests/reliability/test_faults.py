@@ -26,7 +26,7 @@ import pytest
 from rangestream import DocumentStorage, RetryPolicy, StreamNumpyFormat, StreamStorage
 from rangestream.errors import RetriesExhaustedError
 from rangestream.io.range_reader import IOStats
-from rangestream.testing import FaultConfig, FaultKind, LatencyProxy, S3Endpoint
+from testkit import FaultConfig, FaultKind, LatencyProxy, S3Endpoint
 
 from .datasets import TOKENS, BytesFormat, write_documents, write_tokens
 

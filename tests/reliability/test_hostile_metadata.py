@@ -45,7 +45,7 @@ from rangestream.layout.dtypes import dtype_from_json
 from rangestream.layout.manifest import parse_root
 from rangestream.layout.pieces import indexed_spans
 from rangestream.storage.verify import verify_dataset
-from rangestream.testing import S3Endpoint
+from testkit import S3Endpoint
 
 from .datasets import SMALL, BytesFormat, RawObjects, tokens_storage, write_documents, write_tokens
 

@@ -24,7 +24,7 @@ from rangestream import RetryPolicy, StreamNumpyFormat, StreamStorage
 from rangestream.io import process_io_stats
 from rangestream.io.range_reader import IOStats
 from rangestream.loader import StatefulDataLoader, stack_collate
-from rangestream.testing import FaultConfig, FaultKind, LatencyProxy, S3Endpoint
+from testkit import FaultConfig, FaultKind, LatencyProxy, S3Endpoint
 
 from .datasets import TOKENS, write_tokens
 
@@ -64,7 +64,7 @@ def run_epoch(url: str, proxy: LatencyProxy) -> Epoch:
         sequence_length=SEQUENCE_LENGTH,
         batch_size=BATCH_SIZE,
         num_workers=2,
-        shuffle=True,
+        shuffle="window",  # a request per window: enough requests for faults to hit
     )
     proxy.reset_stats()
     per_worker: dict[int, IOStats] = {}

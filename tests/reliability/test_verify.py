@@ -329,12 +329,12 @@ def test_blocks_larger_than_a_piece_are_checked_piece_by_piece(
     capsys: pytest.CaptureFixture[str],
     chunk_bytes: int,
 ) -> None:
-    from rangestream.storage import verify as verify_module
+    from rangestream.storage import verify_blocks
 
     layout = {"chunk_bytes": chunk_bytes, "block_bytes": 64 << 10}
     write_tokens(str(tmp_path / "ds"), seed=4, tokens_per_shard=40_000, **layout)
     raw = RawObjects(str(tmp_path / "ds"))
-    monkeypatch.setattr(verify_module, "PIECE_BYTES", 1024)
+    monkeypatch.setattr(verify_blocks, "PIECE_BYTES", 1024)
     code, out = verify(raw.url, capsys)
     assert code == 0, out
     stored = chunk_bytes + 4

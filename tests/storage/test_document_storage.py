@@ -14,8 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.s3 import Location
 
-from rangestream import DocumentPickleFormat, DocumentStorage
+from rangestream import DocumentPickleFormat, DocumentStorage, RecordField, RecordFormat
 from rangestream.errors import InvalidRecordError
+from rangestream.io import IOStats
 from rangestream.layout.block import ArrayLayout, encode_block
 from rangestream.types import DocumentStorageFormat
 
@@ -185,6 +186,121 @@ def test_the_schema_records_the_payload_encoding(
     assert stored_schema(tmp_path / "ds") == {"payload_encoding": encoding}
 
 
+def _set_stored_schema(path: Path, schema: dict[str, Any]) -> None:
+    import json
+
+    root = json.loads((path / "zarr.json").read_bytes())
+    root["attributes"]["rangestream"]["schema"] = schema
+    (path / "zarr.json").write_text(json.dumps(root))
+
+
+DPO = RecordFormat(
+    [
+        RecordField("chosen", np.dtype("<u2")),
+        RecordField("rejected", np.dtype("<u2")),
+        RecordField("reward", np.dtype("<f4"), ndim=0),
+    ]
+)
+
+
+def dpo_records(count: int) -> list[dict[str, Any]]:
+    rng = np.random.default_rng(count)
+    return [
+        {
+            "chosen": rng.integers(0, 60_000, rng.integers(1, 40), dtype="<u2"),
+            "rejected": rng.integers(0, 60_000, rng.integers(1, 40), dtype="<u2"),
+            "reward": np.float32(rng.normal()),
+        }
+        for _ in range(count)
+    ]
+
+
+def assert_records_equal(got: dict[str, Any], expected: dict[str, Any]) -> None:
+    assert list(got) == list(expected)
+    for key, value in expected.items():
+        np.testing.assert_array_equal(got[key], value)
+
+
+def test_a_record_dataset_reads_back_without_its_format(location: Location) -> None:
+    records = dpo_records(12)
+    url = location.child("records")
+    with DocumentStorage(url, DPO, storage_options=location.storage_options).sync_writer() as w:
+        for i, record in enumerate(records):
+            w.append(i % 2, record)
+    in_order = [r for shard in (0, 1) for i, r in enumerate(records) if i % 2 == shard]
+    storage = DocumentStorage(url, storage_options=location.storage_options)
+    with storage.sync_reader() as reader:
+        got = reader.read_many(range(len(records)))
+        assert reader.format == DPO
+    for record, expected in zip(got, in_order, strict=True):
+        assert_records_equal(record, expected)
+    assert stored_schema_of(url, location) == {"payload_encoding": "records",
+                                               "format": DPO.schema()}  # fmt: skip
+
+
+def stored_schema_of(url: str, location: Location) -> dict[str, Any]:
+    import json
+
+    import fsspec
+
+    with fsspec.open(f"{url}/zarr.json", "rb", **location.storage_options) as handle:
+        return dict(json.loads(handle.read())["attributes"]["rangestream"]["schema"])
+
+
+def test_a_record_dataset_of_the_previous_layout_reads_with_or_without_its_format(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "ds"
+    records = dpo_records(3)
+    with DocumentStorage(path, DPO).sync_writer() as writer:
+        for record in records:
+            writer.append(0, record)
+    # what convert stored before the kinds recorded formats themselves
+    _set_stored_schema(path, {"payload_encoding": "python:rangestream.formats.records.RecordFormat",
+                              "format": DPO.schema(), "ingest": {"preset": "dpo"}})  # fmt: skip
+    for storage in (DocumentStorage(path), DocumentStorage(path, DPO)):
+        with storage.sync_reader() as reader:
+            assert_records_equal(reader.read(2), records[2])
+
+
+def test_a_record_format_with_other_fields_than_the_stored_ones_is_refused(
+    tmp_path: Path,
+) -> None:
+    from rangestream.errors import SchemaMismatchError
+
+    with DocumentStorage(tmp_path / "ds", DPO).sync_writer() as writer:
+        writer.append(0, dpo_records(1)[0])
+    other = RecordFormat([RecordField("chosen", np.dtype("<u4"))])
+    with pytest.raises(SchemaMismatchError, match="written with the format"):
+        DocumentStorage(tmp_path / "ds", other).sync_reader().__enter__()
+    with pytest.raises(SchemaMismatchError, match=r"'records'.*'pickle'"):
+        DocumentStorage(tmp_path / "ds", DocumentPickleFormat()).sync_reader().__enter__()
+
+
+def test_pickled_documents_are_never_unpickled_on_the_word_of_the_store(tmp_path: Path) -> None:
+    from rangestream.errors import SchemaMismatchError
+
+    with DocumentStorage(tmp_path / "ds", DocumentPickleFormat()).sync_writer() as writer:
+        writer.append(0, {"a": 1})
+    with pytest.raises(SchemaMismatchError, match=r"pickled.*DocumentPickleFormat\(\)"):
+        DocumentStorage(tmp_path / "ds").sync_reader().__enter__()
+    with DocumentStorage(tmp_path / "ds", DocumentPickleFormat()).sync_reader() as reader:
+        assert reader.read(0) == {"a": 1}
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", None])
+def test_a_custom_format_must_be_passed_to_read_and_the_error_says_so(
+    tmp_path: Path, encoding: str | None
+) -> None:
+    from rangestream.errors import SchemaMismatchError
+
+    storage_format = Utf8Format() if encoding else UnnamedFormat()
+    with DocumentStorage(tmp_path / "ds", storage_format).sync_writer() as writer:
+        writer.append(0, "text")
+    with pytest.raises(SchemaMismatchError, match=r"does not record its format.*pass the format"):
+        DocumentStorage(tmp_path / "ds").sync_reader().__enter__()
+
+
 def test_a_format_naming_another_encoding_is_refused_on_open(tmp_path: Path) -> None:
     from rangestream.errors import SchemaMismatchError
 
@@ -323,3 +439,184 @@ def test_offsets_that_decrease_are_reported_not_kept(tmp_path: Path) -> None:
     key.write_bytes(encode_block(layout, offsets.view(np.uint8)))
     with storage.sync_reader() as reader, pytest.raises(CorruptDataError, match="document 4"):
         reader.read_many([3, 4])
+
+
+def test_negative_document_indexes_count_from_the_end_as_in_every_sequence(
+    tmp_path: Path,
+) -> None:
+    from rangestream import DocumentDataset
+    from rangestream.errors import OutOfRangeError
+
+    storage = DocumentStorage(tmp_path / "docs", DocumentPickleFormat())
+    with storage.sync_writer() as writer:
+        for number in range(5):
+            writer.append(number % 2, {"n": number})
+    order = [{"n": n} for n in (0, 2, 4, 1, 3)]  # shard 0, then shard 1
+    with storage.sync_reader() as reader, DocumentDataset(storage).sync_reader() as dataset:
+        assert reader.read(-1) == dataset[-1] == order[-1]
+        assert reader.read_many([-5, -2]) == [order[0], order[3]]
+        with pytest.raises(OutOfRangeError, match="document -6 is outside the 5 documents"):
+            reader.read(-6)
+
+
+# -- records: read(i, keys=[...]) reads only the keys' bytes ---------------------------------
+
+WIDE = RecordFormat(
+    [
+        RecordField("a", np.dtype("u1")),
+        RecordField("b", np.dtype("<u2")),
+        RecordField("c", np.dtype("u1")),
+        RecordField("d", np.dtype("<f4"), ndim=0),
+    ]
+)
+CHUNK = 64  # rows (bytes) of one payload_heap inner chunk; stored with a 4-byte crc32c
+
+
+def wide_record(i: int) -> dict[str, Any]:
+    return {
+        "a": np.full(4000, i, dtype="u1"),
+        "b": np.arange(10, dtype="<u2") + i,
+        "c": np.full(4000, 255 - i, dtype="u1"),
+        "d": np.float32(i / 2),
+    }
+
+
+def wide_spans() -> dict[str, tuple[int, int]]:
+    """Each field's byte range in a wide record, by docs/format.md's layout rules."""
+    spans, position = {}, 8 + 8 * 4  # magic, count, four end offsets
+    for name, nbytes in (("a", 8 + 4000), ("b", 8 + 20), ("c", 8 + 4000), ("d", 4)):
+        start = (position + 7) & ~7
+        spans[name] = (start, start + nbytes)
+        position = start + nbytes
+    return spans
+
+
+RECORD_NBYTES = wide_spans()["d"][1]
+
+
+def heap_bytes(start: int, stop: int) -> int:
+    """Stored bytes of the inner chunks holding heap bytes [start, stop) (one block)."""
+    return ((stop - 1) // CHUNK + 1 - start // CHUNK) * (CHUNK + 4)
+
+
+def write_wide(url: str, location: Location, count: int, **options: Any) -> DocumentStorage:
+    layout = {"chunk_bytes": CHUNK, "block_bytes": 1 << 20, "coalesce_gap": 0}
+    storage = DocumentStorage(
+        url, WIDE, storage_options=location.storage_options, **layout, **options
+    )
+    with storage.sync_writer() as writer:
+        for i in range(count):
+            writer.append(0, wide_record(i))
+    return storage
+
+
+def test_keys_of_a_large_record_cost_its_header_and_one_range_of_their_bytes(
+    location: Location,
+) -> None:
+    storage = write_wide(location.child("wide"), location, 4, whole_record_bytes=0)
+    spans = wide_spans()
+    with storage.sync_reader() as reader:
+        reader.read(0, keys=["d"])  # the shard's offsets are read and cached
+        before = reader.stats.copy()
+        got = reader.read(2, keys=["d", "c"])
+        spent = reader.stats - before
+    assert list(got) == ["d", "c"]
+    assert got["d"] == np.float32(1.0)
+    np.testing.assert_array_equal(got["c"], np.full(4000, 253, dtype="u1"))
+    base = 2 * RECORD_NBYTES
+    expected = heap_bytes(base, base + 8 + 8 * 4) + heap_bytes(
+        base + spans["c"][0], base + spans["d"][1]
+    )
+    assert spent.by_key_kind == {"payload_heap": 2}
+    assert spent.bytes_by_key_kind == {"payload_heap": expected}
+    assert expected < heap_bytes(base, base + RECORD_NBYTES) // 2 + 200
+
+
+def test_keys_of_many_records_share_two_rounds(location: Location) -> None:
+    storage = write_wide(location.child("wide"), location, 6, whole_record_bytes=0)
+    with storage.sync_reader() as reader:
+        reader.read(0, keys=["b"])
+        before = reader.stats.copy()
+        got = reader.read_many([5, 1, -3], keys=["b"])
+        spent = reader.stats - before
+    for record, i in zip(got, [5, 1, 3], strict=True):
+        np.testing.assert_array_equal(record["b"], np.arange(10, dtype="<u2") + i)
+    spans = wide_spans()
+    expected = sum(
+        heap_bytes(i * RECORD_NBYTES, i * RECORD_NBYTES + 40)
+        + heap_bytes(i * RECORD_NBYTES + spans["b"][0], i * RECORD_NBYTES + spans["b"][1])
+        for i in (5, 1, 3)
+    )
+    assert spent.by_key_kind == {"payload_heap": 6}  # a header and a range per record
+    assert spent.bytes_by_key_kind == {"payload_heap": expected}
+
+
+@pytest.mark.parametrize("keys", [["a", "b", "c", "d"], ["b"]])
+def test_a_small_record_or_every_key_is_read_whole_in_one_request(
+    tmp_path: Path, keys: list[str]
+) -> None:
+    location = Location(str(tmp_path), {})
+    # every key: read whole whatever its size; one key: whole below whole_record_bytes
+    limit = 0 if len(keys) == 4 else RECORD_NBYTES
+    storage = write_wide(str(tmp_path / "wide"), location, 3, whole_record_bytes=limit)
+    with storage.sync_reader() as reader:
+        reader.read(0)
+        before = reader.stats.copy()
+        got = reader.read(1, keys=keys)
+        spent = reader.stats - before
+    assert list(got) == keys
+    for key in keys:
+        np.testing.assert_array_equal(got[key], wide_record(1)[key])
+    assert spent.by_key_kind == {"payload_heap": 1}
+    assert spent.bytes_by_key_kind == {"payload_heap": heap_bytes(RECORD_NBYTES, 2 * RECORD_NBYTES)}
+
+
+def test_keys_read_through_the_async_reader_and_a_dataset(location: Location) -> None:
+    from rangestream import DocumentDataset
+
+    storage = write_wide(location.child("wide"), location, 3, whole_record_bytes=0)
+
+    async def read() -> list[Any]:
+        async with storage.async_reader() as reader:
+            return [await reader.read(2, ["b"]), *(await reader.read_many([0], keys=["d"]))]
+
+    got = asyncio.run(read())
+    np.testing.assert_array_equal(got[0]["b"], np.arange(10, dtype="<u2") + 2)
+    assert got[1] == {"d": np.float32(0)}
+    dataset = DocumentDataset(DocumentStorage(location.child("wide"),
+                                              storage_options=location.storage_options),
+                              keys=["d", "b"])  # fmt: skip
+    with dataset.sync_reader() as reader:
+        assert [record["d"] for record in reader[0:3]] == [0, 0.5, 1.0]
+        assert list(reader[-1]) == ["d", "b"]
+
+
+def test_unknown_or_malformed_keys_are_refused_before_reading(tmp_path: Path) -> None:
+    from rangestream.errors import UnknownFieldError
+
+    storage = write_wide(str(tmp_path / "wide"), Location(str(tmp_path), {}), 1)
+    with storage.sync_reader() as reader:
+        before = reader.stats.copy()
+        with pytest.raises(UnknownFieldError, match=r"\['zz'\].*fields are \['a', 'b', 'c', 'd'\]"):
+            reader.read(0, keys=["a", "zz"])
+        with pytest.raises(TypeError, match="list of field names"):
+            reader.read(0, keys="a")
+        assert reader.read_many([0, -1], keys=[]) == [{}, {}]  # no keys: nothing read
+        with pytest.raises(IndexError):
+            reader.read(1, keys=[])
+        assert reader.stats - before == IOStats()
+
+
+def test_keys_of_pickled_mappings_are_selected_after_decoding(tmp_path: Path) -> None:
+    from rangestream.errors import UnknownFieldError
+
+    storage = DocumentStorage(tmp_path / "docs", DocumentPickleFormat())
+    with storage.sync_writer() as writer:
+        writer.append(0, {"x": 1, "y": [2], "z": "three"})
+        writer.append(0, ["not", "a", "mapping"])
+    with storage.sync_reader() as reader:
+        assert reader.read(0, keys=["z", "x"]) == {"z": "three", "x": 1}
+        with pytest.raises(UnknownFieldError, match="'w'"):
+            reader.read(0, keys=["w"])
+        with pytest.raises(TypeError, match="mappings"):
+            reader.read(1, keys=["x"])

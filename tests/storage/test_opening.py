@@ -18,9 +18,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from support.s3 import Location
+from support.s3 import Location, S3Location
 
 from rangestream import DocumentStorage, StreamDataset, StreamNumpyFormat, StreamStorage
+from rangestream.errors import DatasetNotFoundError
 from rangestream.io.stats import IOStats
 from rangestream.layout.manifest import INLINE_SHARDS, shard_table_layout
 
@@ -203,3 +204,30 @@ def test_shard_ids_find_positions_by_arithmetic_or_bisection() -> None:
     assert [sparse.position(s) for s in (0, 2, 3, 7, 8)] == [0, 1, None, 2, None]
     assert list(sparse) == [0, 2, 7] and sparse[1:] == [2, 7] and sparse[-1] == 7
     assert np.int64(7) in sparse and 3 not in sparse and "7" not in sparse
+
+
+# -- what a missing dataset is called ------------------------------------------------------
+
+
+def test_a_missing_bucket_is_called_a_missing_bucket(s3_url: S3Location) -> None:
+    url = "s3://rangestream-no-such-bucket-7f3a/ds"
+    storage = StreamStorage(url, StreamNumpyFormat(TOKENS), storage_options=s3_url.storage_options)
+    with pytest.raises(DatasetNotFoundError, match="bucket 'rangestream-no-such-bucket-7f3a' does"):
+        storage.sync_reader().read(0, 1)
+
+
+def test_a_missing_local_directory_and_an_uncommitted_one_are_told_apart(tmp_path: Path) -> None:
+    with pytest.raises(DatasetNotFoundError, match="no such directory"):
+        StreamStorage(tmp_path / "nothing", StreamNumpyFormat(TOKENS)).sync_reader().read(0, 1)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DatasetNotFoundError, match="never committed"):
+        StreamStorage(tmp_path / "empty", StreamNumpyFormat(TOKENS)).sync_reader().read(0, 1)
+
+
+def test_a_prefix_without_a_dataset_in_an_existing_bucket_is_not_committed(
+    s3_url: S3Location,
+) -> None:
+    storage = StreamStorage(s3_url.url, StreamNumpyFormat(TOKENS),
+                            storage_options=s3_url.storage_options)  # fmt: skip
+    with pytest.raises(DatasetNotFoundError, match="never committed"):
+        storage.sync_reader().read(0, 1)

@@ -443,3 +443,249 @@ def test_a_plain_big_endian_stream_is_a_little_endian_zarr_int32(tmp_path: Path)
     np.testing.assert_array_equal(zarr.open_array(array, mode="r")[:], np.arange(1000) * 70_000)
     with StreamStorage(tmp_path / "ds", BigEndianIds()).sync_reader() as reader:
         np.testing.assert_array_equal(reader.read(990, 10), np.arange(990, 1000) * 70_000)
+
+
+# -- self-describing datasets: read back without the format object --------------------------
+
+
+def _root(path: Path) -> dict[str, Any]:
+    import json
+
+    return dict(json.loads((path / "zarr.json").read_bytes()))
+
+
+def _set_stored_schema(path: Path, schema: dict[str, Any]) -> None:
+    """Make the committed root record ``schema``, as an older writer or an attacker would."""
+    import json
+
+    root = _root(path)
+    root["attributes"]["rangestream"]["schema"] = schema
+    (path / "zarr.json").write_text(json.dumps(root))
+
+
+def test_a_stream_numpy_dataset_reads_back_without_its_format(location: Location) -> None:
+    records = make_records(5, shards=2, records=4, max_len=60)
+    url = location.child("self")
+    write(StreamStorage(url, StreamNumpyFormat(TOKENS), storage_options=location.storage_options,
+                        **SMALL), records, [])  # fmt: skip
+    tokens, _ = ground_truth(records)
+    storage = StreamStorage(url, storage_options=location.storage_options)
+    assert storage.storage_format is None
+    with storage.sync_reader() as reader:
+        window = reader.read(3, len(tokens) - 5)
+        assert reader.total_length == len(tokens)
+    np.testing.assert_array_equal(window["tokens"], tokens[3:-2])
+    assert storage.stream_dtype == TOKENS
+
+
+def test_the_schema_records_the_stream_numpy_format_beside_its_dtype(tmp_path: Path) -> None:
+    write(StreamStorage(tmp_path / "ds", StreamNumpyFormat(TOKENS)), make_records(1, 1, 1, 5), [])
+    schema = _root(tmp_path / "ds")["attributes"]["rangestream"]["schema"]
+    assert schema["format"] == {"format": "stream_numpy", "version": 1}
+    assert np.lib.format.descr_to_dtype([tuple(f) for f in schema["stream_dtype"]]) == TOKENS
+
+
+def test_a_custom_format_records_nothing_and_must_be_passed_to_read(tmp_path: Path) -> None:
+    storage = StreamStorage(tmp_path / "ds", ShardTagFormat())
+    with storage.sync_writer() as writer:
+        writer.append(0, {"tokens": [1, 2, 3]})
+    assert "format" not in _root(tmp_path / "ds")["attributes"]["rangestream"]["schema"]
+    with pytest.raises(SchemaMismatchError, match=r"does not record its format.*pass the format"):
+        StreamStorage(tmp_path / "ds").sync_reader().__enter__()
+    with StreamStorage(tmp_path / "ds", ShardTagFormat()).sync_reader() as reader:
+        assert reader.read(0, 3)["tokens"].tolist() == [1, 2, 3]
+
+
+def test_a_dataset_written_before_formats_were_recorded_reads_with_its_format(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "ds"
+    records = make_records(2, shards=1, records=3, max_len=20)
+    write(StreamStorage(path, StreamNumpyFormat(TOKENS)), records, [])
+    schema = _root(path)["attributes"]["rangestream"]["schema"]
+    _set_stored_schema(path, {"stream_dtype": schema["stream_dtype"]})  # what main wrote
+    with pytest.raises(SchemaMismatchError, match="does not record its format"):
+        StreamStorage(path).sync_reader().__enter__()
+    tokens, _ = ground_truth(records)
+    with StreamStorage(path, StreamNumpyFormat(TOKENS)).sync_reader() as reader:
+        np.testing.assert_array_equal(reader.read(0, len(tokens))["tokens"], tokens)
+
+
+def test_a_converted_dataset_of_the_previous_layout_reads_without_a_format(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "ds"
+    records = make_records(3, shards=1, records=3, max_len=20)
+    write(StreamStorage(path, StreamNumpyFormat(TOKENS)), records, [])
+    schema = _root(path)["attributes"]["rangestream"]["schema"]
+    # convert's stored schema before the kinds recorded formats themselves
+    _set_stored_schema(path, {"stream_dtype": schema["stream_dtype"],
+                              "format": {"format": "stream_numpy", "version": 1},
+                              "ingest": {"preset": "sft", "tokenizer": "bytes"}})  # fmt: skip
+    tokens, _ = ground_truth(records)
+    with StreamStorage(path).sync_reader() as reader:
+        np.testing.assert_array_equal(reader.read(0, len(tokens))["tokens"], tokens)
+
+
+def test_a_given_format_describing_another_format_is_refused(tmp_path: Path) -> None:
+    class Renamed(StreamNumpyFormat[Any]):
+        def schema(self) -> dict[str, Any]:
+            return {"format": "stream_numpy", "version": 1, "variant": "mine"}
+
+    write(StreamStorage(tmp_path / "ds", StreamNumpyFormat(TOKENS)), make_records(1, 1, 1, 5), [])
+    with pytest.raises(SchemaMismatchError, match="written with the format"):
+        StreamStorage(tmp_path / "ds", Renamed(TOKENS)).sync_reader().__enter__()
+
+
+@pytest.mark.parametrize(
+    "stored",
+    [{"format": "x/../../y"}, {"format": "unknown-format"}, "stream_numpy", {"format": 3}],
+)
+def test_a_stored_format_that_names_nothing_readable_is_refused_on_open(
+    tmp_path: Path, stored: Any
+) -> None:
+    from rangestream.errors import MetadataError
+
+    path = tmp_path / "ds"
+    write(StreamStorage(path, StreamNumpyFormat(TOKENS)), make_records(1, 1, 1, 5), [])
+    schema = _root(path)["attributes"]["rangestream"]["schema"]
+    _set_stored_schema(path, {**schema, "format": stored})
+    with pytest.raises((MetadataError, SchemaMismatchError)):
+        StreamStorage(path).sync_reader().__enter__()
+
+
+def test_writing_without_a_format_says_a_format_is_needed(tmp_path: Path) -> None:
+    storage = StreamStorage(tmp_path / "ds")
+    with pytest.raises(TypeError, match="writing needs the storage_format"):
+        storage.sync_writer().append(0, {"tokens": [1]})
+
+
+def test_notes_are_recorded_beside_the_schema_and_may_not_replace_its_keys(
+    tmp_path: Path,
+) -> None:
+    notes = {"ingest": {"preset": "seq", "tokenizer": "bytes"}}
+    storage = StreamStorage(tmp_path / "ds", StreamNumpyFormat(TOKENS), notes=notes)
+    write(storage, make_records(1, 1, 1, 5), [])
+    schema = _root(tmp_path / "ds")["attributes"]["rangestream"]["schema"]
+    assert schema["ingest"] == notes["ingest"]
+    clashing = StreamStorage(tmp_path / "other", StreamNumpyFormat(TOKENS), notes={"format": 1})
+    with pytest.raises(ValueError, match=r"notes \['format'\]"):
+        write(clashing, make_records(1, 1, 1, 5), [])
+    with pytest.raises(TypeError, match="JSON"):
+        StreamStorage(tmp_path / "x", StreamNumpyFormat(TOKENS), notes={"a": object()})
+
+
+# -- records of a stream: read_record(i) is one append call ----------------------------------
+
+
+def test_read_record_returns_each_append_call_in_global_order(location: Location) -> None:
+    records = make_records(9, shards=3, records=5, max_len=40)
+    records[1][2] = {"tokens": np.empty(0, "<i4"), "loss_mask": np.empty(0, "u1")}  # empty
+    records[3] = []  # ... and a shard id after an unwritten one
+    records[4] = make_records(10, shards=1, records=2, max_len=9)[0]
+    url = location.child("records")
+    write(StreamStorage(url, StreamNumpyFormat(TOKENS), storage_options=location.storage_options,
+                        **SMALL), records, [])  # fmt: skip
+    in_order = [r for shard in sorted(records) for r in records[shard]]
+    with StreamStorage(url, storage_options=location.storage_options).sync_reader() as reader:
+        assert reader.num_records() == len(in_order)
+        for i, expected in enumerate(in_order):
+            np.testing.assert_array_equal(reader.read_record(i)["tokens"], expected["tokens"])
+        np.testing.assert_array_equal(reader.read_record(-1)["tokens"], in_order[-1]["tokens"])
+        np.testing.assert_array_equal(
+            reader.read_record(-len(in_order))["loss_mask"], in_order[0]["loss_mask"]
+        )
+        got = reader.read_records([7, 0, -2])
+        with pytest.raises(IndexError, match="outside the 17 records"):
+            reader.read_record(len(in_order))
+        with pytest.raises(IndexError):
+            reader.read_record(-len(in_order) - 1)
+    for record, i in zip(got, [7, 0, len(in_order) - 2], strict=True):
+        np.testing.assert_array_equal(record["tokens"], in_order[i]["tokens"])
+
+
+def test_a_record_costs_its_range_once_its_shards_record_ends_are_cached(tmp_path: Path) -> None:
+    records = {0: [{"tokens": np.arange(n, dtype="<i4"), "loss_mask": np.ones(n, "u1")}
+                   for n in (30, 50, 20)]}  # fmt: skip
+    write(StreamStorage(tmp_path / "ds", StreamNumpyFormat(TOKENS)), records, [])
+    with StreamStorage(tmp_path / "ds").sync_reader() as reader:
+        assert reader.total_length == 100  # opened first: its one request is not the record's
+        before = reader.stats.copy()
+        reader.read_record(1)
+        cold = reader.stats - before
+        before = reader.stats.copy()
+        record = reader.read_record(2)
+        warm = reader.stats - before
+    np.testing.assert_array_equal(record["tokens"], np.arange(20))
+    assert cold.by_key_kind == {"record_ends": 1, "stream": 1}
+    assert warm.by_key_kind == {"stream": 1}
+
+
+def test_record_ends_beyond_the_cache_budget_are_read_per_record(tmp_path: Path) -> None:
+    records = {0: [{"tokens": np.arange(n, dtype="<i4") + n, "loss_mask": np.ones(n, "u1")}
+                   for n in (3, 5, 2, 4)]}  # fmt: skip
+    write(StreamStorage(tmp_path / "ds", StreamNumpyFormat(TOKENS)), records, [])
+    storage = StreamStorage(tmp_path / "ds", record_ends_cache_bytes=0)
+    with storage.sync_reader() as reader:
+        for i in (0, 3, 1):
+            before = reader.stats.copy()
+            got = reader.read_record(i)["tokens"]
+            assert (reader.stats - before).by_key_kind == {"record_ends": 1, "stream": 1}
+            np.testing.assert_array_equal(got, records[0][i]["tokens"])
+
+
+def test_damaged_record_ends_are_refused(tmp_path: Path) -> None:
+    from rangestream.errors import CorruptDataError
+
+    path = tmp_path / "ds"
+    records = {0: [{"tokens": np.arange(4, dtype="<i4"), "loss_mask": np.ones(4, "u1")}] * 3}
+    write(StreamStorage(path, StreamNumpyFormat(TOKENS)), records, [])
+    block = next((path / "data").glob("*/shards/0/record_ends/c/0"))
+    data = bytearray(block.read_bytes())
+    data[8:16] = np.asarray([100], "<i8").tobytes()  # record 1 ends past the stream
+    block.write_bytes(bytes(data))
+    reader = StreamStorage(path, verify_checksums=False).sync_reader()
+    with reader, pytest.raises(CorruptDataError, match="record ends"):
+        reader.read_record(0)
+
+
+def test_counts_have_one_name_per_item_per_shard_and_in_all(tmp_path: Path) -> None:
+    records = make_records(4, shards=2, records=3, max_len=30)
+    records[3] = records.pop(1)  # shards 0 and 3
+    write(StreamStorage(tmp_path / "ds", StreamNumpyFormat(TOKENS)), records, [])
+    lengths = {s: sum(len(r["tokens"]) for r in records.get(s, [])) for s in range(5)}
+    with StreamStorage(tmp_path / "ds").sync_reader() as reader:
+        assert reader.num_shards == 4
+        assert [reader.num_elements(s) for s in range(5)] == [lengths[s] for s in range(5)]
+        assert [reader.num_records(s) for s in range(5)] == [3, 0, 0, 3, 0]
+        assert reader.num_elements() == sum(lengths.values()) == reader.total_length
+        assert reader.num_records() == 6
+        assert [reader.length(s) for s in range(5)] == [lengths[s] for s in range(5)]
+
+
+def rounds_of(opened: Any, program: Any) -> tuple[int, Any]:
+    """Run a read program step by step on the remote executor: its rounds and result."""
+    rounds, step = 0, next(program)
+    while True:
+        rounds += 1
+        try:
+            step = program.send(opened.remote.execute_sync(step))
+        except StopIteration as stop:
+            return rounds, stop.value
+
+
+def test_record_starts_join_the_windows_round_and_a_record_needs_two_only_when_cold(
+    tmp_path: Path,
+) -> None:
+    records = make_records(6, shards=2, records=4, max_len=30)
+    write(StreamStorage(tmp_path / "ds", StreamNumpyFormat(TOKENS), **SMALL), records, [])
+    with StreamStorage(tmp_path / "ds").sync_reader() as reader:
+        opened = reader.opened
+        total = reader.total_length
+        rounds, windows = rounds_of(opened, opened.read_many_with_starts([(0, total)]))
+        assert rounds == 1  # both shards' record ends came with the stream ranges
+        sizes = [len(r["tokens"]) for s in sorted(records) for r in records[s]]
+        assert windows[0][1].tolist() == np.cumsum([0, *sizes[:-1]]).tolist()
+        assert rounds_of(opened, opened.read_records([5]))[0] == 1  # ends cached by now
+    with StreamStorage(tmp_path / "ds").sync_reader() as reader:
+        assert rounds_of(reader.opened, reader.opened.read_records([5]))[0] == 2

@@ -690,3 +690,81 @@ def test_an_error_raised_inside_pack_propagates_and_writes_nothing(tmp_path: Pat
         writer.append(0, good(0))
     with storage.sync_reader() as reader:
         assert reader.num_shards == 0 and reader.total_length == 0
+
+
+# -- self-describing: a format that has a schema() and a registered factory ------------------
+
+
+class DescribedRunFormat(RunFormat):
+    def schema(self) -> dict[str, Any]:
+        return {"format": "test-described-runs", "version": 1}
+
+
+def _described_runs(value: dict[str, Any], dtype: Any, where: str) -> DescribedRunFormat:
+    return DescribedRunFormat()
+
+
+def test_a_registered_self_describing_format_reads_back_without_the_format_object(
+    location: Location,
+) -> None:
+    from rangestream.formats import register_format
+
+    register_format("test-described-runs", _described_runs, replace=True)
+    rng = np.random.default_rng(11)
+    records = {s: [make_record(rng, 4, 5, 20, True) for _ in range(3)] for s in range(2)}
+    url = location.child("meta")
+    writer_storage = StreamWithMetaStorage(url, DescribedRunFormat(),
+                                           storage_options=location.storage_options)  # fmt: skip
+    with writer_storage.sync_writer() as writer:
+        for shard, recs in records.items():
+            for record in recs:
+                writer.append(shard, record)
+    truth = GroundTruth(records)
+    storage = StreamWithMetaStorage(url, storage_options=location.storage_options)
+    with storage.sync_reader() as reader:
+        assert isinstance(reader.format, DescribedRunFormat)
+        window = reader.read(1, len(truth.tokens) - 2)
+    np.testing.assert_array_equal(window["tokens"], truth.tokens[1:-1])
+
+
+def test_a_meta_format_without_a_schema_must_be_passed_to_read(tmp_path: Path) -> None:
+    with StreamWithMetaStorage(tmp_path / "ds", RunFormat()).sync_writer() as writer:
+        writer.append(0, {"tokens": [1, 2], "keys": [0, 0], "payloads": [b"x", None]})
+    with pytest.raises(SchemaMismatchError, match="does not record its format"):
+        StreamWithMetaStorage(tmp_path / "ds").sync_reader().__enter__()
+
+
+def test_read_record_returns_a_records_elements_and_exactly_its_payloads(
+    location: Location,
+) -> None:
+    rng = np.random.default_rng(21)
+    records = {s: [make_record(rng, 4, 5, 20, True) for _ in range(3)] for s in (0, 2)}
+    url = location.child("meta")
+    storage = StreamWithMetaStorage(url, RunFormat(), storage_options=location.storage_options)
+    with storage.sync_writer() as writer:
+        for shard, recs in records.items():
+            for record in recs:
+                writer.append(shard, record)
+    in_order = [r for shard in sorted(records) for r in records[shard]]
+    with storage.sync_reader() as reader:
+        for i in (0, 4, -1):
+            got = reader.read_record(i)
+            record = in_order[i]
+            assert got["tokens"].tolist() == record["tokens"]
+            runs = [p for p in record["payloads"] if p is not None]
+            assert got["document_data"] == runs
+            shard = 0 if i % len(in_order) < 3 else 2
+            assert got["document_shard"].tolist() == [shard] * len(runs)
+
+
+def test_windows_with_boundaries_carry_their_payloads_too(tmp_path: Path) -> None:
+    storage = StreamWithMetaStorage(tmp_path / "meta", RunFormat())
+    with storage.sync_writer() as writer:
+        writer.append(0, {"tokens": [1, 2, 3], "keys": [0, 0, 1], "payloads": [b"a", None, b"b"]})
+        writer.append(0, {"tokens": [4, 5], "keys": [2, 2], "payloads": [b"c", None]})
+    with StreamDataset(storage, 4, stride=1, boundaries=True).sync_reader() as reader:
+        window = reader[1]  # elements 1..4: the end of record 0, then record 1
+    assert window["tokens"].tolist() == [2, 3, 4, 5]
+    assert window["document_data"] == [b"a", b"b", b"c"]
+    assert window["cu_seqlens"].tolist() == [0, 2, 4]
+    assert window["position_ids"].tolist() == [1, 2, 0, 1]

@@ -6,7 +6,7 @@ import numpy as np
 from support.s3 import S3Location
 
 from rangestream import DocumentPickleFormat, DocumentStorage, RetryPolicy
-from rangestream.testing import FaultConfig, FaultKind, LatencyProxy
+from testkit import FaultConfig, FaultKind, LatencyProxy
 
 RETRY = RetryPolicy(max_attempts=8, base_delay=0.01, max_delay=0.05, request_timeout=10)
 

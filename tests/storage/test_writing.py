@@ -22,7 +22,7 @@ from rangestream.errors import (
 )
 from rangestream.storage import writing
 from rangestream.storage.gc import collect_garbage
-from rangestream.testing import FaultConfig, FaultKind, LatencyProxy, S3Endpoint
+from testkit import FaultConfig, FaultKind, LatencyProxy, S3Endpoint
 
 TOKENS = np.dtype([("t", "<i4")])
 

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import s3fs
 
-from rangestream.testing import DEFAULT_REGION, LatencyProxy, S3Endpoint, SeaweedFSServer
+from testkit import DEFAULT_REGION, LatencyProxy, S3Endpoint, SeaweedFSServer
 
 __all__ = [
     "DEFAULT_TEST_BUCKET",

@@ -10,7 +10,8 @@ from rangestream.cli.options import add_store_arguments, retry_policy, storage_o
 
 
 def register(commands: Any) -> None:
-    from rangestream.ingest.presets import PRESETS, TOO_LONG, Fields
+    from rangestream.ingest.preset import TOO_LONG, Fields
+    from rangestream.ingest.presets import PRESETS
 
     parser = commands.add_parser(
         "convert",
@@ -44,6 +45,9 @@ def register(commands: Any) -> None:
     parser.add_argument("--input-format", choices=["jsonl", "parquet", "text"])
     parser.add_argument("--resume", action="store_true", help="continue an interrupted conversion")
     parser.add_argument("--overwrite", action="store_true", help="replace a dataset at URL")
+    parser.add_argument(
+        "--append", action="store_true", help="add the inputs as new shards of the dataset at URL"
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(run=run)
 
@@ -81,6 +85,7 @@ def run(arguments: argparse.Namespace) -> int:
             storage_options=storage_options(arguments),
             input_format=arguments.input_format,
             overwrite=arguments.overwrite,
+            mode="append" if arguments.append else None,
             resume=arguments.resume,
             progress=not arguments.no_progress,
             retry=retry_policy(arguments),

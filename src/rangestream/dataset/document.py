@@ -10,17 +10,40 @@ from rangestream.io.stats import IOStats
 
 
 class DocumentDataset:
-    """Whole documents of a ``DocumentStorage``, in global (shard by shard) order."""
+    """Documents of a ``DocumentStorage``, in global (shard by shard) order.
 
-    def __init__(self, storage: Any) -> None:
+    Parameters
+    ----------
+    storage
+        The document storage to read.
+    keys
+        Return only these keys of each record (AstrAI's ``fetch_record(index, keys)``):
+        with ``RecordFormat`` records, large records are read as their header and the
+        keys' bytes only. ``None`` returns whole documents.
+    """
+
+    def __init__(self, storage: Any, *, keys: Sequence[str] | None = None) -> None:
         if getattr(storage, "kind", None) != "document":
             raise TypeError(
                 f"DocumentDataset needs a DocumentStorage, got {type(storage).__name__}"
             )
+        if keys is not None and (
+            isinstance(keys, str) or not all(isinstance(key, str) for key in keys)
+        ):
+            raise TypeError(f"keys must be a list of field names, got {keys!r:.200}")
         self.storage = storage
+        self.keys = None if keys is None else list(keys)
 
     def __repr__(self) -> str:
-        return f"DocumentDataset({self.storage!r})"
+        keys = "" if self.keys is None else f", keys={self.keys!r}"
+        return f"DocumentDataset({self.storage!r}{keys})"
+
+    def __len__(self) -> int:
+        """Documents in the dataset (opens it in this process, once, if needed)."""
+        return int(self.storage._default_opening.get_sync().num_documents)
+
+    def __bool__(self) -> bool:  # a description: a truth test must not open it
+        return True
 
     @property
     def is_local(self) -> bool:
@@ -60,11 +83,12 @@ class DocumentReader:
 
     def __getitem__(self, key: int | slice) -> Any:
         indexes, many = positions(key, len(self))
-        results = self.storage_reader.read_many(indexes)
+        results = self.storage_reader.read_many(indexes, self.dataset.keys)
         return results if many else results[0]
 
     def read_many(self, indexes: Sequence[int]) -> list[Any]:
-        return self.storage_reader.read_many(list(indexes))
+        """Documents at ``indexes`` (negative count from the end), read together."""
+        return self.storage_reader.read_many(list(indexes), self.dataset.keys)
 
 
 class AsyncDocumentReader:
@@ -93,7 +117,7 @@ class AsyncDocumentReader:
 
     async def _get(self, key: int | slice) -> Any:
         indexes, many = positions(key, len(self))
-        results = await self.storage_reader.read_many(indexes)
+        results = await self.storage_reader.read_many(indexes, self.dataset.keys)
         return results if many else results[0]
 
     def __getitem__(self, key: int | slice) -> Any:
@@ -102,4 +126,6 @@ class AsyncDocumentReader:
     async def read_many(
         self, indexes: Sequence[int], *, max_concurrency: int | None = None
     ) -> list[Any]:
-        return await self.storage_reader.read_many(list(indexes), max_concurrency=max_concurrency)
+        return await self.storage_reader.read_many(
+            list(indexes), self.dataset.keys, max_concurrency=max_concurrency
+        )

@@ -135,6 +135,9 @@ class RecordFormat(DocumentStorageFormat[Mapping[str, Any], dict[str, Any]]):
         The schema, in stored order. ``RecordFormat.from_record(example)`` infers it.
     """
 
+    #: Recorded in the dataset's schema beside the fields (``DocumentStorage``).
+    payload_encoding = FORMAT_NAME
+
     def __init__(self, fields: Iterable[RecordField]) -> None:
         self.fields: tuple[RecordField, ...] = tuple(fields)
         if not 0 < len(self.fields) <= MAX_FIELDS:

@@ -7,7 +7,7 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from rangestream.errors import InvalidRecordError
+from rangestream.errors import InvalidRecordError, MetadataError
 from rangestream.formats.field_values import fit_to_field
 from rangestream.layout.dtypes import check_plain_dtype
 from rangestream.types import StreamStorageFormat, Vector
@@ -39,6 +39,34 @@ class StreamNumpyFormat(StreamStorageFormat[DataT, DataT, Any], Generic[DataT]):
         check_plain_dtype(dtype, "StreamNumpyFormat")
         super().__init__(dtype)
         self.names: tuple[str, ...] = dtype.names
+
+    #: The ``format`` name of the stored schema (``formats.described``).
+    format_name = "stream_numpy"
+    format_version = 1
+
+    def schema(self) -> dict[str, Any]:
+        """What the dataset records, beside its ``stream_dtype``, to reopen without this
+        object: the dtype is the whole of the format."""
+        return {"format": self.format_name, "version": self.format_version}
+
+    @classmethod
+    def from_schema(
+        cls, value: Any, stream_dtype: np.dtype[Any] | None, where: str = "stored format"
+    ) -> StreamNumpyFormat[Any]:
+        """The format of a stored schema and the dataset's stored ``stream_dtype``."""
+        if not isinstance(value, dict) or value.get("format") != cls.format_name:
+            raise MetadataError(f"{where} is not a {cls.format_name!r} schema: {value!r:.200}")
+        if value.get("version") != cls.format_version:
+            raise MetadataError(
+                f"{where} has {cls.format_name} version {value.get('version')!r:.40}; this "
+                f"library reads {cls.format_version}"
+            )
+        if stream_dtype is None or stream_dtype.names is None:
+            raise MetadataError(
+                f"{where}: a {cls.format_name!r} stream needs a structured stream_dtype, "
+                f"the store has {stream_dtype}"
+            )
+        return cls(stream_dtype)
 
     def pack(self, data: DataT) -> Vector:
         names = self.stream_dtype.names or ()

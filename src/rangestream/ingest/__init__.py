@@ -6,7 +6,8 @@
 """
 
 from rangestream.ingest.convert import convert
-from rangestream.ingest.presets import PRESETS, Fields, Limits
+from rangestream.ingest.preset import Fields, Limits
+from rangestream.ingest.presets import PRESETS
 from rangestream.ingest.summary import Summary
 from rangestream.ingest.tokenizers import ByteTokenizer, TextTokenizer, Tokenizer, load_tokenizer
 from rangestream.ingest.write import write, write_records

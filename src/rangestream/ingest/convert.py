@@ -24,7 +24,8 @@ from rangestream.ingest.inputs import (
     Split,
     open_inputs,
 )
-from rangestream.ingest.presets import Fields, Limits, Outcome, Preset, get_preset
+from rangestream.ingest.preset import Fields, Limits, Outcome, Preset
+from rangestream.ingest.presets import get_preset
 from rangestream.ingest.session import fingerprint_of
 from rangestream.ingest.summary import Summary
 from rangestream.ingest.tasks import Job, default_workers
@@ -114,6 +115,7 @@ def convert(
     resume: bool = False,
     progress: bool = True,
     start_method: str | None = None,
+    mode: str | None = None,
     **options: Any,
 ) -> Summary:
     """Tokenize ``inputs`` with a training preset and write them as one dataset at ``url``.
@@ -156,6 +158,9 @@ def convert(
         Rows tokenized per tokenizer call.
     overwrite, resume, progress, start_method
         As for ``write``.
+    mode
+        ``"append"``: add the converted inputs as new shards of the dataset at ``url`` (of
+        the same preset and tokenizer), a new version; the old shards are not copied.
     **options
         Storage options (``chunk_bytes``, ``block_bytes``...).
 
@@ -211,5 +216,6 @@ def convert(
         progress=progress,
         start_method=start_method,
         description=f"convert {preset}",
+        mode=mode,
         rejects=rejects,
     )

@@ -21,11 +21,16 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from rangestream.errors import DatasetExistsError, ResumeError
+from rangestream.errors import (
+    DatasetExistsError,
+    MetadataError,
+    ResumeError,
+    SchemaMismatchError,
+)
 from rangestream.io.process import run_blocking
-from rangestream.layout.manifest import data_prefix
+from rangestream.layout.manifest import Manifest, data_prefix
 from rangestream.storage.base import Storage
-from rangestream.storage.writing import WriteSession, read_committed
+from rangestream.storage.writing import WriteSession, read_committed, write_mode
 
 __all__ = ["SESSION_KEY", "Resumable", "begin", "finish", "part_id"]
 
@@ -53,19 +58,40 @@ class Resumable:
 
 
 def begin(
-    storage: Storage, fingerprint: str, splits: int, *, resume: bool, overwrite: bool
+    storage: Storage,
+    fingerprint: str,
+    splits: int,
+    *,
+    resume: bool,
+    overwrite: bool,
+    mode: str | None = None,
 ) -> Resumable:
-    """Start a write of ``splits`` splits, or resume the interrupted one at the URL."""
+    """Start a write of ``splits`` splits, or resume the interrupted one at the URL.
+
+    ``mode="append"`` adds the splits as new shards of the committed version (split ``k``
+    becomes shard ``first_shard + k``); see ``Storage.parallel_write``.
+    """
+    mode = write_mode(overwrite, mode)
 
     async def run() -> Resumable:
         store = storage._new_write_store()
         try:
-            exists, _ = await read_committed(store)
-            if exists and not overwrite:
+            exists, committed = await read_committed(store)
+            if exists and mode == "create":
                 raise DatasetExistsError(
-                    f"{storage.url} already holds a committed dataset; "
-                    "pass overwrite=True to replace it"
+                    f"{storage.url} already holds a committed dataset; pass overwrite=True "
+                    "to replace it, or mode='append' to add shards to it"
                 )
+            base = None
+            if exists and mode == "append":
+                if committed is None:
+                    raise MetadataError(
+                        f"{storage.url}/zarr.json cannot be read, so there is no version "
+                        "to append to"
+                    )
+                check_same_origin(storage, committed)
+                base = committed
+            writing = storage if base is None else storage._appending(base)
             previous = None
             try:
                 previous = json.loads(await store.get(SESSION_KEY))
@@ -82,7 +108,17 @@ def begin(
                         "or options, so its splits cannot be reused; rerun without resume "
                         "to start over"
                     )
-                session = WriteSession(storage, commit_id, overwrite)
+                appends_to = previous.get("appends_to")
+                if (base.commit_id if base is not None else None) != appends_to:
+                    raise ResumeError(
+                        f"the interrupted write at {storage.url} "
+                        + ("appended to another version" if appends_to else "was not an append")
+                        + "; rerun without resume to start over"
+                    )
+                first = (
+                    int(base.shard_ids[-1]) + 1 if base is not None and len(base.shard_ids) else 0
+                )
+                session = WriteSession(writing, commit_id, overwrite, appends_to, first)
                 prefix = f"{session.prefix}/parts/"
                 names = {key[len(prefix) :] for key in await store.list(f"{session.prefix}/parts")}
                 done = frozenset(k for k in range(splits) if f"{part_id(k)}.json" in names)
@@ -91,9 +127,10 @@ def begin(
                 await store.delete_prefix(data_prefix(str(commit_id)))
             from rangestream.storage.writing import new_session
 
-            session = new_session(storage, overwrite)
+            session = new_session(writing, overwrite, base)
             document = {
                 "commit_id": session.commit_id,
+                "appends_to": session.appends_to,
                 "fingerprint": fingerprint,
                 "splits": splits,
                 "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -104,6 +141,25 @@ def begin(
             await store.aclose()
 
     return run_blocking(run())
+
+
+#: What must agree between the records of a dataset and those appended by ``convert``.
+_SAME_ORIGIN = ("preset", "tokenizer", "vocab_size", "eos_id", "keys")
+
+
+def check_same_origin(storage: Storage, committed: Manifest) -> None:
+    """Refuse appending converted records of another preset or tokenizer: their token ids
+    would mean other things than the stored ones'."""
+    mine = storage.notes.get("ingest")
+    stored = committed.schema.get("ingest")
+    if not isinstance(mine, dict) or not isinstance(stored, dict):
+        return
+    for key in _SAME_ORIGIN:
+        if key in mine and key in stored and mine[key] != stored[key]:
+            raise SchemaMismatchError(
+                f"{storage.url} was converted with {key}={stored[key]!r:.100}; appending "
+                f"records made with {key}={mine[key]!r:.100} would mix them"
+            )
 
 
 def finish(storage: Storage) -> None:

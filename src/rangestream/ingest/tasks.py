@@ -22,7 +22,7 @@ from typing import Any
 
 from rangestream.errors import BadInputError
 from rangestream.ingest.inputs import RAW_SHOWN
-from rangestream.ingest.presets import Outcome
+from rangestream.ingest.preset import Outcome
 from rangestream.ingest.session import part_id, rejects_key
 from rangestream.ingest.summary import Progress, SplitResult
 from rangestream.io.process import run_blocking

@@ -20,9 +20,10 @@ from concurrent.futures import Executor
 from typing import Any
 
 from rangestream.errors import InvalidRecordError
+from rangestream.formats.described import format_schema
 from rangestream.formats.records import RecordFormat
 from rangestream.ingest.inputs import Row
-from rangestream.ingest.presets import Outcome
+from rangestream.ingest.preset import Outcome
 from rangestream.ingest.session import begin, fingerprint_of, finish, rejects_key
 from rangestream.ingest.summary import Progress, Summary
 from rangestream.ingest.tasks import Job, default_workers, run_splits
@@ -42,49 +43,17 @@ KINDS = ("stream", "document", "stream_with_meta", "temporal")
 DEFAULT_SPLITS = 256
 
 
-# -- storages that keep a description of their content in the stored schema ----------------
-class _Described:
-    """Adds ``description`` (the format's schema, what produced the data) to ``_schema``.
-
-    The stored schema is what lets a reader later open the dataset without being handed
-    the format (``RecordFormat.from_schema(schema["format"])``).
-    """
-
-    description: dict[str, Any]
-
-    def _schema(self) -> dict[str, Any]:
-        return {**super()._schema(), **self.description}  # type: ignore[misc]
-
-
-class DescribedStreamStorage(_Described, StreamStorage):
-    """A ``StreamStorage`` whose stored schema also names its format."""
-
-
-class DescribedDocumentStorage(_Described, DocumentStorage):
-    """A ``DocumentStorage`` whose stored schema also holds its format's schema."""
-
-
-class DescribedStreamWithMetaStorage(_Described, StreamWithMetaStorage):
-    """A ``StreamWithMetaStorage`` whose stored schema also names its format."""
-
-
-_DESCRIBED: dict[str, tuple[type[Storage], type[Storage]]] = {
-    "stream": (StreamStorage, DescribedStreamStorage),
-    "document": (DocumentStorage, DescribedDocumentStorage),
-    "stream_with_meta": (StreamWithMetaStorage, DescribedStreamWithMetaStorage),
-}
-
-
 def format_description(storage_format: Any) -> dict[str, Any]:
     """What the stored schema says about ``storage_format`` (empty if it cannot say)."""
-    schema = getattr(storage_format, "schema", None)
-    if callable(schema):
-        return {"format": schema()}
-    from rangestream.formats.stream_numpy import StreamNumpyFormat
+    described = format_schema(storage_format)
+    return {} if described is None else {"format": described}
 
-    if type(storage_format) is StreamNumpyFormat:
-        return {"format": {"format": "stream_numpy", "version": 1}}
-    return {}
+
+_KINDS: dict[str, type[Storage]] = {
+    "stream": StreamStorage,
+    "document": DocumentStorage,
+    "stream_with_meta": StreamWithMetaStorage,
+}
 
 
 def make_storages(
@@ -103,16 +72,17 @@ def make_storages(
             TemporalArrayStorage(url, field_groups, **options),
             TemporalArrayStorage(url, field_groups, **options),
         )
-    if kind not in _DESCRIBED:
+    if kind not in _KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     if field_groups is not None:
         raise ValueError(f"field_groups applies to temporal datasets, not {kind!r}")
     if storage_format is None:
         raise ValueError(f"a {kind!r} write needs a storage_format")
-    plain, described = _DESCRIBED[kind]
-    reader = plain(url, storage_format, **options)  # type: ignore[call-arg]
-    writer = described(url, storage_format, **options)  # type: ignore[call-arg]
-    writer.description = {**format_description(storage_format), **description}  # type: ignore[attr-defined]
+    # the kind records the format itself; ``description`` (what produced the data) goes
+    # beside it as notes
+    storage_class: Any = _KINDS[kind]
+    reader = storage_class(url, storage_format, **options)
+    writer = storage_class(url, storage_format, notes=dict(description), **options)
     return writer, reader
 
 
@@ -232,12 +202,15 @@ def run_job(
     progress: bool,
     start_method: str | None,
     description: str,
+    mode: str | None = None,
     total_rows: int | None = None,
     rejects: str | None = None,
 ) -> Summary:
     """Run ``job``'s splits, gather rejects, commit, and say what was written."""
     started = time.perf_counter()
-    state = begin(writer_storage, fingerprint, split_count, resume=resume, overwrite=overwrite)
+    state = begin(
+        writer_storage, fingerprint, split_count, resume=resume, overwrite=overwrite, mode=mode
+    )
     session = state.session
     summary = Summary(str(reader_storage.url), splits=split_count, splits_skipped=len(state.done))
     todo = [k for k in range(split_count) if k not in state.done]
@@ -338,6 +311,7 @@ def write(
     resume: bool = False,
     progress: bool = True,
     start_method: str | None = None,
+    mode: str | None = None,
     **options: Any,
 ) -> Summary:
     """Write ``fn(x)`` for every ``x`` of ``inputs`` as one dataset of ``kind``.
@@ -373,6 +347,9 @@ def write(
         fsspec options for ``url``.
     overwrite
         Replace a dataset already committed at ``url``.
+    mode
+        ``"append"`` adds the records as new shards of the dataset at ``url`` (a new
+        version; the old shards are not copied); ``"overwrite"`` is ``overwrite=True``.
     resume
         Continue the interrupted write at ``url``: splits already written are skipped.
     progress
@@ -447,6 +424,7 @@ def write(
         progress=progress,
         start_method=start_method,
         description="write",
+        mode=mode,
         total_rows=len(items),
     )
 

@@ -233,7 +233,9 @@ class LocalStore(ObjectStore):
             for path in base.rglob("*") if base.is_dir() else ():
                 with contextlib.suppress(FileNotFoundError):  # deleted while listed
                     status = path.lstat()
-                    if stat.S_ISREG(status.st_mode):
+                    # what is not a directory is listed, FIFOs and links included: reading
+                    # them is what names them as not belonging (verify reports it)
+                    if not stat.S_ISDIR(status.st_mode):
                         key = str(path.relative_to(self.root)).replace(os.sep, "/")
                         found.append(ObjectInfo(key, status.st_size, status.st_mtime))
             return sorted(found, key=lambda info: info.key)

@@ -3,9 +3,9 @@
 Why: a sync window of a local dataset is a few tens of kilobytes already in the page
 cache. ``os.pread`` of it costs a syscall and a copy into a fresh ``bytes`` before the
 rows can be copied out again; slicing a mapping kept open costs only the final copy, and
-the kernel's fault-around fills a warm mapping's page tables once. Measured on 64-frame
-temporal windows, a raw ``preadv`` per window reaches 0.6-0.7x of numpy memmap slicing,
-which is the target's ceiling for any pread design; a kept mapping is what memmap does.
+the kernel's fault-around fills a warm mapping's page tables once. No ``pread`` design
+reaches numpy memmap's speed on small windows (docs/design.md); a kept mapping is what
+memmap does.
 
 Rules that make this safe:
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import random
+import socket
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -29,6 +30,15 @@ T = TypeVar("T")
 
 class ShortReadError(OSError):
     """A response carried fewer bytes than the range asked for (a truncated body)."""
+
+
+class WrongRangeError(OSError):
+    """An answer for another byte range than asked: a misbehaving server or proxy.
+
+    Not transient (asking again gets the same answer) and never silently accepted: every
+    dense inner chunk carries a valid crc32c of its own bytes, so bytes from the wrong
+    offset would pass every checksum.
+    """
 
 
 _TRANSIENT_MARKERS = (
@@ -60,7 +70,7 @@ _TRANSIENT_MARKERS = (
 
 def is_transient(error: BaseException) -> bool:
     """True for errors that a later attempt of the same request may not hit."""
-    if isinstance(error, (FileNotFoundError, PermissionError, IsADirectoryError)):
+    if isinstance(error, (FileNotFoundError, PermissionError, IsADirectoryError, WrongRangeError)):
         return False
     if isinstance(error, (RangestreamError, CorruptDataError)):
         return False
@@ -108,16 +118,24 @@ def is_range_not_satisfiable(error: BaseException) -> bool:
     return False
 
 
+#: Errors of botocore and aiohttp raised when no connection to the endpoint was made.
+_UNREACHABLE_NAMES = frozenset(
+    {"EndpointConnectionError", "ConnectTimeoutError", "ClientConnectorError"}
+)
+
+
 def is_unreachable(error: BaseException) -> bool:
     """True when the endpoint itself could not be reached (DNS, refused, connect timeout)."""
     seen: set[int] = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        name = type(current).__name__
-        if name in {"EndpointConnectionError", "ConnectTimeoutError", "ClientConnectorError"}:
+        # By class name along the MRO, so subclasses count (aiohttp's DNS failure is a
+        # ClientConnectorDNSError) without importing botocore or aiohttp here.
+        names = {cls.__name__ for cls in type(current).__mro__}
+        if names & _UNREACHABLE_NAMES:
             return True
-        if isinstance(current, ConnectionRefusedError):
+        if isinstance(current, (ConnectionRefusedError, socket.gaierror)):
             return True
         current = current.__cause__ or current.__context__
     return False

@@ -19,13 +19,8 @@ from typing import Any
 
 from rangestream.io.fsspec_store import FsspecStore, options_key, shared_client
 from rangestream.io.process import ProcessLocal
-from rangestream.io.s3_client import (
-    S3ReadClient,
-    S3ReadConfig,
-    lean_read_config,
-    lean_reads_enabled,
-    ranged_body,
-)
+from rangestream.io.s3_client import S3ReadClient, ranged_body
+from rangestream.io.s3_options import S3ReadConfig, lean_read_config, lean_reads_enabled
 
 __all__ = ["S3Store"]
 

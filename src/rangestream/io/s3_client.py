@@ -9,85 +9,38 @@ its reads (``get_range``, ``get_suffix``, ``get``, ``size``, ``exists``) through
 ``S3ReadClient`` and keeps s3fs for writes, listings and deletes; neither s3fs nor
 aiobotocore is imported for reads. Requests are signed by ``rangestream.io.sigv4``.
 
-Only storage options whose meaning this module reproduces exactly are accepted
-(``lean_read_config``); anything else (``requester_pays``, SSE-C in ``s3_additional_kwargs``,
-``profile``, a botocore ``session``, unknown ``config_kwargs``...) keeps reads on s3fs, so
-behaviour never changes silently.
+Which storage options it takes, and credentials: ``rangestream.io.s3_options``. On AWS's
+own endpoint a bucket in another region is followed once via the ``x-amz-bucket-region``
+answer, as botocore does.
 
-- Credentials: ``key``/``secret``/``token`` (or ``username``/``password``, or
-  ``client_kwargs.aws_access_key_id``/``aws_secret_access_key``/``aws_session_token``), else
-  ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_SESSION_TOKEN``, else botocore's
-  credential chain (profiles, SSO, instance roles...), resolved once per process and only
-  when needed; refreshable credentials are frozen per request. ``anon=True``: unsigned.
-- Endpoint: ``endpoint_url`` or ``client_kwargs.endpoint_url``, else ``AWS_ENDPOINT_URL_S3`` /
-  ``AWS_ENDPOINT_URL``, else ``https://s3.<region>.amazonaws.com``. Region:
-  ``client_kwargs.region_name`` / ``config_kwargs.region_name``, else ``AWS_REGION`` /
-  ``AWS_DEFAULT_REGION``, else ``us-east-1``; on AWS's own endpoint a bucket in another region
-  is followed once via the ``x-amz-bucket-region`` answer, as botocore does.
-- Addressing: path-style on custom endpoints; virtual-hosted on AWS for DNS-compatible bucket
-  names (``config_kwargs={"s3": {"addressing_style": "path" | "virtual"}}`` forces either).
 - Errors are those s3fs raises, so the range reader classifies them the same way:
   404 -> ``FileNotFoundError``, 403 -> ``PermissionError``, 5xx/throttling ->
   ``S3TransientError`` (a ``ConnectionError``), transport failures -> aiohttp's errors, a body
   shorter than announced -> ``ShortReadError``. A range starting past the end (416) reads as
   ``b""`` (the store contract: fewer bytes only if the object ends first).
 - No retries here: ``RangeReader`` owns them, counts them and bounds their time.
-
-Opt out (reads through s3fs, as before): set ``RANGESTREAM_S3_READS=s3fs`` in the
-environment (read when a store is made, and inherited by DataLoader workers).
 """
 
 from __future__ import annotations
 
 import errno
-import os
 import re
-from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
-from rangestream.io.process import ProcessLocal
-from rangestream.io.retry import ShortReadError
+from rangestream.io.retry import ShortReadError, WrongRangeError
+from rangestream.io.s3_options import S3ReadConfig, chain_credentials, static_credentials
 from rangestream.io.sigv4 import SigV4Signer
 
-#: Environment switch: ``s3fs`` sends S3 reads through s3fs; anything else (or unset) is lean.
-READS_ENV = "RANGESTREAM_S3_READS"
-DEFAULT_REGION = "us-east-1"
-DEFAULT_CONNECT_TIMEOUT = 5.0
-DEFAULT_READ_TIMEOUT = 30.0
-DEFAULT_MAX_CONNECTIONS = 128
+__all__ = [
+    "S3ReadClient",
+    "S3RequestError",
+    "S3TransientError",
+    "WrongRangeError",
+    "parse_content_range",
+    "ranged_body",
+]
 
-#: Top-level s3fs options that do not change what a read sends or returns.
-_NEUTRAL_OPTIONS = frozenset(
-    {
-        "skip_instance_cache",
-        "use_listings_cache",
-        "listings_expiry_time",
-        "max_paths",
-        "default_block_size",
-        "default_fill_cache",
-        "default_cache_type",
-        "cache_regions",
-        "fixed_upload_size",
-        "max_concurrency",
-        "asynchronous",
-        "use_ssl",  # True is the default; False is refused below
-    }
-)
-_CREDENTIAL_OPTIONS = frozenset({"key", "secret", "token", "username", "password", "anon"})
-_CLIENT_KWARGS = frozenset(
-    {
-        "endpoint_url",
-        "region_name",
-        "aws_access_key_id",
-        "aws_secret_access_key",
-        "aws_session_token",
-    }
-)
-#: ``retries`` is accepted and ignored: RangeReader owns retries (the store turns botocore's off).
-_CONFIG_KWARGS = frozenset(
-    {"connect_timeout", "read_timeout", "max_pool_connections", "retries", "region_name", "s3"}
-)
 _TRANSIENT_CODES = frozenset(
     {
         "SlowDown",
@@ -114,152 +67,6 @@ class S3RequestError(OSError):
     """Any other refusal (400 InvalidArgument, say): repeating the request will not help."""
 
 
-def lean_reads_enabled() -> bool:
-    """Whether the environment leaves S3 reads to ``S3ReadClient`` (the default)."""
-    return os.environ.get(READS_ENV, "").strip().lower() != "s3fs"
-
-
-@dataclass(frozen=True)
-class S3ReadConfig:
-    """What ``S3ReadClient`` needs from ``storage_options``; made by ``lean_read_config``.
-
-    ``key``/``secret`` left ``None`` (and ``anon`` false) means the environment or botocore's
-    credential chain supplies credentials when the first request is signed.
-    """
-
-    endpoint_url: str | None
-    region: str
-    anon: bool = False
-    key: str | None = None
-    secret: str | None = field(default=None, repr=False)
-    token: str | None = field(default=None, repr=False)
-    addressing_style: str = "auto"
-    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
-    read_timeout: float = DEFAULT_READ_TIMEOUT
-    max_connections: int = DEFAULT_MAX_CONNECTIONS
-
-
-def lean_read_config(storage_options: dict[str, Any]) -> S3ReadConfig | None:
-    """The lean client's configuration, or ``None`` if s3fs must keep serving the reads.
-
-    ``None`` whenever an option is present whose effect on reads this client does not
-    reproduce, so choosing the lean path never changes what a read does.
-    """
-    options = dict(storage_options)
-    for name in list(options):
-        if name in _NEUTRAL_OPTIONS:
-            value = options.pop(name)
-            if name == "use_ssl" and value is not True:
-                return None
-    client_kwargs = dict(options.pop("client_kwargs", None) or {})
-    config_kwargs = dict(options.pop("config_kwargs", None) or {})
-    top_endpoint = options.pop("endpoint_url", None)
-    credentials = {name: options.pop(name) for name in list(options) if name in _CREDENTIAL_OPTIONS}
-    # requester_pays, version_aware and s3_additional_kwargs change nothing when off or empty
-    for name in ("requester_pays", "version_aware", "s3_additional_kwargs"):
-        if options.pop(name, None):
-            return None
-    if options:  # profile, session, loop, anything unknown
-        return None
-    if not set(client_kwargs) <= _CLIENT_KWARGS or not set(config_kwargs) <= _CONFIG_KWARGS:
-        return None
-    s3_config = dict(config_kwargs.get("s3") or {})
-    addressing_style = s3_config.pop("addressing_style", "auto") or "auto"
-    if s3_config or addressing_style not in {"auto", "path", "virtual"}:
-        return None
-
-    client_endpoint = client_kwargs.get("endpoint_url")
-    if top_endpoint and client_endpoint and top_endpoint != client_endpoint:
-        return None  # s3fs would refuse or pick one; let it
-    endpoint_url = (
-        top_endpoint
-        or client_endpoint
-        or os.environ.get("AWS_ENDPOINT_URL_S3")
-        or os.environ.get("AWS_ENDPOINT_URL")
-        or None
-    )
-    if endpoint_url is not None and not str(endpoint_url).startswith(("http://", "https://")):
-        return None
-    region = (
-        client_kwargs.get("region_name")
-        or config_kwargs.get("region_name")
-        or os.environ.get("AWS_REGION")
-        or os.environ.get("AWS_DEFAULT_REGION")
-        or DEFAULT_REGION
-    )
-
-    key = credentials.get("key") or credentials.get("username")
-    secret = credentials.get("secret") or credentials.get("password")
-    token = credentials.get("token")
-    if credentials.get("key") and credentials.get("username"):
-        return None
-    if credentials.get("secret") and credentials.get("password"):
-        return None
-    key = key or client_kwargs.get("aws_access_key_id")
-    secret = secret or client_kwargs.get("aws_secret_access_key")
-    token = token or client_kwargs.get("aws_session_token")
-    anon = bool(credentials.get("anon", False))
-    if not anon and bool(key) != bool(secret):
-        return None  # half a key pair: botocore's rules for that are its own
-    if anon:
-        key = secret = token = None
-
-    retries = config_kwargs.get("retries")
-    if retries is not None and not isinstance(retries, dict):
-        return None
-    try:
-        return S3ReadConfig(
-            endpoint_url=str(endpoint_url).rstrip("/") if endpoint_url else None,
-            region=str(region),
-            anon=anon,
-            key=key,
-            secret=secret,
-            token=token,
-            addressing_style=addressing_style,
-            connect_timeout=float(config_kwargs.get("connect_timeout", DEFAULT_CONNECT_TIMEOUT)),
-            read_timeout=float(config_kwargs.get("read_timeout", DEFAULT_READ_TIMEOUT)),
-            max_connections=int(config_kwargs.get("max_pool_connections", DEFAULT_MAX_CONNECTIONS)),
-        )
-    except (TypeError, ValueError):
-        return None
-
-
-# -- credentials -------------------------------------------------------------------------
-
-_chain = ProcessLocal[tuple[Any]]()  # (botocore credentials or None,)
-
-
-def _chain_credentials() -> Any:
-    """botocore's credential chain, resolved once per process (a few ms, plus any I/O)."""
-
-    def resolve() -> tuple[Any]:
-        import botocore.session
-
-        return (botocore.session.get_session().get_credentials(),)
-
-    return (_chain.value or _chain.get_or_make(resolve))[0]
-
-
-@dataclass(frozen=True)
-class _Keys:
-    """What botocore's signer reads from credentials (``botocore.credentials`` costs ~30 ms
-    of imports, and static keys need none of it)."""
-
-    access_key: str
-    secret_key: str = field(repr=False)
-    token: str | None = field(default=None, repr=False)
-
-
-def _static_credentials(config: S3ReadConfig) -> _Keys | None:
-    """Credentials from the options or the environment; ``None`` means ask the chain."""
-    if config.key and config.secret:
-        return _Keys(config.key, config.secret, config.token)
-    key, secret = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
-    if key and secret:
-        return _Keys(key, secret, os.environ.get("AWS_SESSION_TOKEN") or None)
-    return None
-
-
 # -- the client --------------------------------------------------------------------------
 
 
@@ -284,7 +91,7 @@ class S3ReadClient:
         self._url_class = URL
         self._aws_endpoint = config.endpoint_url is None
         self._bucket_regions: dict[str, str] = {}
-        self._static = None if config.anon else _static_credentials(config)
+        self._static = None if config.anon else static_credentials(config)
         self._signers: dict[str, SigV4Signer] = {}
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(
@@ -377,7 +184,7 @@ class S3ReadClient:
             return headers
         credentials: Any = self._static
         if credentials is None:
-            chain = _chain_credentials()
+            chain = chain_credentials()
             if chain is None:
                 from botocore.exceptions import NoCredentialsError
 
@@ -496,7 +303,12 @@ def ranged_body(
     if status == 200:  # the server ignored the range (or the object is empty)
         return body[start:end]
     first, last, total = parse_content_range(content_range, where)
-    if first != start or last >= end or len(body) != last - first + 1:
+    if first != start or last >= end:
+        raise WrongRangeError(
+            f"{where}: asked for bytes {start}-{end - 1}, the server answered {content_range!r}"
+            ": another range than asked (refused: its bytes would pass for the ones asked)"
+        )
+    if len(body) != last - first + 1:
         raise ShortReadError(
             f"{where}: asked for bytes {start}-{end - 1}, got {content_range!r} with "
             f"{len(body)} bytes"

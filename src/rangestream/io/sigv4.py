@@ -2,10 +2,10 @@
 
 Why this exists: the reads of ``rangestream.io.s3_client`` signed every range GET with
 botocore's ``S3SigV4Auth``, whose generic pipeline (an ``AWSRequest``, header maps, URL
-parsing three times, the signing key derived anew with four HMACs) took about a quarter of
-the client's CPU per request: 70-140 µs, against 10-15 µs for this module. On the 2-core
-machines this library targets, the client shares the CPU with the data loader (and here
-with the S3 server), so that time is read throughput.
+parsing three times, the signing key derived anew with four HMACs) was a large share of the
+client's CPU per request, several times this module's (figures in docs/design.md). On the
+small machines this library targets, the client shares the CPU with the data loader, so
+that time is read throughput.
 
 Scope, deliberately narrow: requests without a body and without a query string (the range
 GETs, suffix GETs, whole GETs and HEADs that ``s3_client`` sends), signed exactly as

@@ -191,9 +191,9 @@ def check_url(url: str) -> None:
     if match is None or (len(match.group(1)) == 1 and os.name == "nt"):  # a drive letter
         return
     scheme = match.group(1).lower()
-    import fsspec.registry
+    from fsspec.registry import known_implementations
 
-    if scheme in _LOCAL_PROTOCOLS or scheme in fsspec.registry.known_implementations:
+    if scheme in _LOCAL_PROTOCOLS or scheme in known_implementations:
         raise StorageError(
             f"dataset URL {url!r} names the {scheme!r} scheme but lacks its '//': "
             f"write {scheme}://{url[len(scheme) + 1 :].lstrip('/')}"

@@ -9,8 +9,11 @@ What the root says about shards depends on how many there are (format version 2)
 one request. Beyond, it holds their count and totals, and the per-shard rows live in one
 binary index array (``index/shards``: 8 bytes per shard and array, read at open with one more
 request per 4 MiB) instead of a JSON list parsed number by number: 10^5 shards open in
-milliseconds and a few megabytes instead of 157 ms and 41 MB. Version 1 roots (every shard
-listed, whatever the count) are still read.
+milliseconds and a few megabytes instead of 157 ms and 41 MB. An array that fits in one
+block is stored as one block of its own size (``ArrayLayout.stored_for``). ``inherited``
+names the shards of an appended version whose data lies under an earlier commit's prefix.
+Version 1 roots (every shard listed whatever the count, full blocks, no inherited shards)
+are still read.
 
 Everything here is parsed as untrusted input: bounded sizes, exact types, no pickle, and
 keys that cannot leave the dataset prefix.
@@ -31,7 +34,8 @@ from rangestream.layout.dtypes import dtype_from_json
 from rangestream.layout.pieces import RowRead, StoredArray
 from rangestream.layout.zarr_json import group_document
 
-#: The version written. Version 1 (every shard listed in the root) is read too.
+#: The version written: the shard table, short single blocks and inherited shards. Version
+#: 1 (every shard listed in the root, full blocks, no inherited shards) is read too.
 FORMAT_VERSION = 2
 READ_VERSIONS = (1, 2)
 #: Up to this many shards the root lists them (one request opens the dataset); beyond, the
@@ -86,6 +90,10 @@ class Manifest:
     what readers plan with. A root that keeps them in ``index/shards`` is parsed with them
     still to read (``complete`` is false): ``read_shard_table`` reads them; ``num_shards``
     and ``totals`` are known either way.
+
+    ``inherited`` maps an earlier commit id to the shards of this version whose data was
+    written under that commit's prefix (an append adds shards without copying the old
+    ones); every other shard lies under this version's own prefix.
     """
 
     def __init__(
@@ -97,6 +105,7 @@ class Manifest:
         shard_ids: np.ndarray | None,
         lengths: dict[str, np.ndarray] | None,
         extra: dict[str, Any] | None = None,
+        inherited: dict[str, list[int]] | None = None,
         *,
         num_shards: int | None = None,
         totals: dict[str, int] | None = None,
@@ -108,6 +117,10 @@ class Manifest:
         self.schema = schema
         self.arrays = arrays
         self.extra = {} if extra is None else extra
+        self.inherited = {} if inherited is None else inherited
+        self._shard_commits = {
+            int(shard): commit for commit, shards in self.inherited.items() for shard in shards
+        }
         self.format_version = format_version
         self._shard_ids = shard_ids
         self._lengths = lengths
@@ -148,11 +161,17 @@ class Manifest:
     def _where(self) -> str:
         return f"dataset version {self.commit_id}"
 
-    def array_key(self, shard: int, name: str) -> str:
-        return array_key(self.commit_id, shard, name)
+    def shard_commit(self, shard: int) -> str:
+        """The commit under whose prefix ``shard``'s data lies."""
+        return self._shard_commits.get(shard, self.commit_id)
 
-    def length(self, name: str) -> np.ndarray:
-        return self.lengths[name]
+    @property
+    def commits(self) -> list[str]:
+        """Every commit whose prefix this version reads: its own, then the inherited."""
+        return [self.commit_id, *self.inherited]
+
+    def array_key(self, shard: int, name: str) -> str:
+        return array_key(self.shard_commit(shard), shard, name)
 
     def stored_layout(self, name: str, length: int) -> ArrayLayout:
         """The layout array ``name`` of ``length`` rows is stored with: the manifest's, or,
@@ -202,6 +221,7 @@ class Manifest:
                         f"{where}: {name} lengths add up to {total}, the root says "
                         f"{self.totals[name]}"
                     )
+            _check_inherited_shards(self.inherited, ids, where)
         except MetadataError as error:
             raise CorruptDataError(str(error)) from error
         return Manifest(
@@ -212,6 +232,7 @@ class Manifest:
             ids,
             lengths,
             self.extra,
+            self.inherited,
             table_layout=self.table_layout,
             format_version=self.format_version,
         )
@@ -227,7 +248,7 @@ class Manifest:
             shards["totals"] = dict(self.totals)
             shards["columns"] = self.table_columns
             shards["table"] = self.table_layout.to_json()
-        return {
+        attributes = {
             "format_version": FORMAT_VERSION,
             "kind": self.kind,
             "commit_id": self.commit_id,
@@ -237,6 +258,9 @@ class Manifest:
             "shards": shards,
             "extra": self.extra,
         }
+        if self.inherited:
+            attributes["inherited"] = {c: sorted(shards) for c, shards in self.inherited.items()}
+        return attributes
 
     def root_document(self) -> dict[str, Any]:
         return group_document({"rangestream": self.to_attributes()})
@@ -339,8 +363,18 @@ def parse_attributes(value: Any, where: str, expected_kind: str | None = None) -
         where,
         f"extra.previous_commit_id {previous!r} is not the 32 hex digits of an earlier commit",
     )
+    previous_inherited = extra.get("previous_inherited", [])
+    _require(
+        isinstance(previous_inherited, list)
+        and len(previous_inherited) <= MAX_SHARDS
+        and all(isinstance(c, str) and _COMMIT_ID.match(c) for c in previous_inherited),
+        where,
+        "extra.previous_inherited must be a list of commit ids",
+    )
+    inherited = _inherited(value.get("inherited"), version, commit_id, where)
     if version == 1 or "ids" in shards:
         shard_ids, lengths = _inline_shards(shards, arrays, where)
+        _check_inherited_shards(inherited, shard_ids, where)
         if version > 1:
             count = shards.get("count")
             _require(
@@ -349,7 +383,15 @@ def parse_attributes(value: Any, where: str, expected_kind: str | None = None) -
                 f"shards.count {count!r} differs from the {len(shard_ids)} shard ids listed",
             )
         return Manifest(
-            kind, commit_id, schema, arrays, shard_ids, lengths, extra, format_version=version
+            kind,
+            commit_id,
+            schema,
+            arrays,
+            shard_ids,
+            lengths,
+            extra,
+            inherited,
+            format_version=version,
         )
     count, totals, table_layout = _table_shards(shards, arrays, where)
     return Manifest(
@@ -360,6 +402,7 @@ def parse_attributes(value: Any, where: str, expected_kind: str | None = None) -
         None,
         None,
         extra,
+        inherited,
         num_shards=count,
         totals=totals,
         table_layout=table_layout,
@@ -420,6 +463,47 @@ def _table_shards(
             f"shards.totals[{name!r}] {total!r} is out of range",
         )
     return count, {name: totals[name] for name in arrays}, layout
+
+
+def _inherited(value: Any, version: int, commit_id: str, where: str) -> dict[str, list[int]]:
+    """``inherited``: earlier commits and the shards of this version under their prefixes.
+
+    Untrusted: each commit id is 32 hex digits other than this version's (keys stay inside
+    the dataset), and each shard belongs to one commit only; that they are shards of this
+    version is checked once the shard ids are known (``_check_inherited_shards``).
+    """
+    if value is None:
+        return {}
+    _require(version >= 2, where, "inherited shards need format_version 2")
+    _require(isinstance(value, dict) and len(value) <= MAX_SHARDS, where, "bad inherited")
+    seen: set[int] = set()
+    out: dict[str, list[int]] = {}
+    for commit, shards in value.items():
+        _require(
+            isinstance(commit, str) and bool(_COMMIT_ID.match(commit)) and commit != commit_id,
+            where,
+            f"inherited commit {commit!r:.80} is not the 32 hex digits of an earlier commit",
+        )
+        listed = _int_list(shards, f"{where} inherited shards of {commit}")
+        _require(
+            not seen & set(listed) and len(set(listed)) == len(listed),
+            where,
+            f"inherited shards of {commit} must be distinct shards of this version",
+        )
+        seen.update(listed)
+        out[commit] = listed
+    return out
+
+
+def _check_inherited_shards(
+    inherited: dict[str, list[int]], shard_ids: np.ndarray, where: str
+) -> None:
+    for commit, listed in inherited.items():
+        _require(
+            bool(np.isin(np.asarray(listed, dtype=np.int64), shard_ids).all()),
+            where,
+            f"inherited shards of {commit} must be distinct shards of this version",
+        )
 
 
 def _check_ids(shard_ids: np.ndarray, where: str) -> None:

@@ -1,11 +1,14 @@
 """Worker-safe, resumable loading of rangestream datasets into PyTorch.
 
-The pieces, bottom up: :class:`Permutation` (a global shuffle without a per-epoch array),
-:class:`EpochPlan` (which rank and worker loads which samples, and the end-of-epoch
-policy), :class:`IndexedBatchDataset` / :class:`TemporalBatchDataset` (iterable datasets
-that build whole batches in the workers with bounded, in-order prefetch) and
-:class:`StatefulDataLoader` (counts the batches it hands out, so it resumes exactly, also
-with another worker count, world size or batch size). Collate helpers stack or pad fields.
+The pieces, bottom up: a :class:`SampleSource` says what is read and in which order
+(:class:`IndexedSource` for windows and documents, :class:`TemporalWindowSource` for random
+temporal windows, :class:`MixedSource` for weighted mixtures); :class:`Permutation` and
+:class:`BlockShuffle` shuffle without per-epoch arrays; :class:`EpochPlan` says which rank
+and worker loads which samples; :class:`BatchOptions` says how batches are cut;
+:class:`BatchIterableDataset` builds whole batches in the workers with bounded, in-order
+prefetch; :class:`StatefulDataLoader` hands them out and advances the
+:class:`LoaderPosition`, so it resumes exactly, also with another worker count, world size
+or batch size. Collate helpers stack or pad fields.
 """
 
 from rangestream.loader.collate import (
@@ -17,36 +20,41 @@ from rangestream.loader.collate import (
     stack_collate,
 )
 from rangestream.loader.dataloader import STATE_VERSION, StatefulDataLoader
-from rangestream.loader.iterable import (
-    DEFAULT_PREFETCH,
-    BatchIterableDataset,
-    IndexedBatchDataset,
-    resolve_distributed,
-)
+from rangestream.loader.iterable import BatchIterableDataset
+from rangestream.loader.options import DEFAULT_PREFETCH, BatchOptions, resolve_distributed
 from rangestream.loader.permutation import Permutation, keyed_hash
 from rangestream.loader.plan import EpochPlan
+from rangestream.loader.position import LoaderPosition
+from rangestream.loader.shuffle import BlockShuffle
+from rangestream.loader.sources import IndexedSource, SampleSource
 from rangestream.loader.storage_kinds import (
-    LoaderOptions,
+    SourceOptions,
+    default_shuffle,
     register_storage_kind,
     registered_kinds,
     storage_kind,
 )
-from rangestream.loader.temporal import TemporalBatchDataset, WindowSampler
+from rangestream.loader.temporal import TemporalWindowSource, WindowSampler
 
 __all__ = [
     "DEFAULT_PREFETCH",
     "STATE_VERSION",
     "BatchIterableDataset",
+    "BatchOptions",
+    "BlockShuffle",
     "EpochPlan",
-    "IndexedBatchDataset",
-    "LoaderOptions",
+    "IndexedSource",
+    "LoaderPosition",
     "NextTokenCollate",
     "Pad",
     "PadCollate",
     "Permutation",
+    "SampleSource",
+    "SourceOptions",
     "StatefulDataLoader",
-    "TemporalBatchDataset",
+    "TemporalWindowSource",
     "WindowSampler",
+    "default_shuffle",
     "keyed_hash",
     "length_mask",
     "pad_stack",

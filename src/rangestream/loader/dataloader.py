@@ -17,14 +17,19 @@ from __future__ import annotations
 
 import multiprocessing
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torchdata.stateful_dataloader
 
 from rangestream.errors import LoaderConfigError, StateError
-from rangestream.loader.iterable import BatchIterableDataset, Collate
-from rangestream.loader.storage_kinds import LoaderOptions, build_dataset
+from rangestream.loader.iterable import BatchIterableDataset
+from rangestream.loader.mixed import mixed_source
+from rangestream.loader.options import BatchOptions, Collate
+from rangestream.loader.position import LoaderPosition
+from rangestream.loader.sources import SampleSource
+from rangestream.loader.stepping import StepIterator
+from rangestream.loader.storage_kinds import SourceOptions, build_source
 from rangestream.loader.transport import for_transport
 
 __all__ = ["STATE_VERSION", "StatefulDataLoader"]
@@ -51,96 +56,6 @@ def _pass_through(batch: Any) -> Any:
     return for_transport(batch)
 
 
-_MISSING = object()
-
-
-class _CountingIterator(Iterator[Any]):
-    """Hands out batches in step order; advances the position by one global batch each.
-
-    Workers build runs of consecutive steps (one range request per run in sequential
-    order) and tag every batch with its step, so the DataLoader's worker round robin
-    delivers e.g. steps 0, 16, 1, 17, ...; batches that arrive early wait here, at most
-    ``(num_workers - 1) * MAX_RUN_STEPS`` of them.
-
-    With a head start (local storage, workers), the first run is read in this process on
-    the first ``next()``, and the workers are started on the second, from the step after
-    that run; until then, no worker exists.
-    """
-
-    def __init__(
-        self, loader: StatefulDataLoader, generation: int, epoch: int, consumed: int
-    ) -> None:
-        self._loader = loader
-        self._generation = generation
-        self._epoch = epoch
-        self._consumed = consumed
-        self._inner: Iterator[Any] | None = None
-        self._head: Iterator[tuple[int, Any]] | None = None
-        self._step_offset = 0
-        self._finished = False
-        self._next_step = 0
-        self._early: dict[int, Any] = {}
-        if loader._head_start():
-            self._head = loader.dataset.head_run(epoch, consumed)
-
-    def __iter__(self) -> _CountingIterator:
-        return self
-
-    def __len__(self) -> int:
-        return len(self._loader)
-
-    def __next__(self) -> Any:
-        if self._finished:
-            raise StopIteration
-        loader = self._loader
-        if loader._generation != self._generation:
-            raise StateError(
-                "this loader iterator was superseded by a later iter(), set_epoch() or "
-                "load_state_dict() on its StatefulDataLoader; continuing it would lose the "
-                "position"
-            )
-        batch = self._early.pop(self._next_step, _MISSING)
-        if batch is _MISSING and self._head is not None and self._next_step == 0:
-            step, batch = next(self._head, (0, _MISSING))
-            assert step == 0, f"the head run started at step {step}"
-        while batch is _MISSING:
-            workers = self._workers()
-            batch = self._early.pop(self._next_step, _MISSING)  # the head run's rest
-            if batch is not _MISSING:
-                break
-            try:
-                step, received = next(workers)
-            except StopIteration:
-                self._finished = True
-                if self._early:
-                    raise StateError(
-                        f"the workers ended the epoch without step {self._next_step} but "
-                        f"with steps {sorted(self._early)}; a batch was lost"
-                    ) from None
-                loader._end_epoch()
-                raise
-            step += self._step_offset
-            if step == self._next_step:
-                batch = received
-            else:
-                self._early[step] = received
-        self._next_step += 1
-        loader._consumed_samples += loader.dataset.global_batch_size
-        return batch
-
-    def _workers(self) -> Iterator[Any]:
-        """The DataLoader's own iterator, started (workers and all) on first use."""
-        if self._inner is None:
-            if self._head is not None:
-                # the rest of the head run, then its reader closes: nothing is open at fork
-                self._early.update(self._head)
-                self._head = None
-                self._step_offset = self._next_step + len(self._early)
-            start = self._consumed + self._step_offset * self._loader.dataset.global_batch_size
-            self._inner = self._loader._start_workers(self._epoch, start)
-        return self._inner
-
-
 class StatefulDataLoader(torchdata.stateful_dataloader.StatefulDataLoader):
     """A ``torchdata`` ``StatefulDataLoader`` whose state resumes exactly and elastically.
 
@@ -152,28 +67,32 @@ class StatefulDataLoader(torchdata.stateful_dataloader.StatefulDataLoader):
         On local storage with workers, read the first batch, then (on the second
         ``next()``) up to 16 more, in this process, so the first batch does not wait for
         the workers to start (they start after those reads). The collate function then
-        runs here for those batches. Ignored with ``pin_memory=True``.
+        runs here for those batches. Ignored with ``pin_memory=True``, persistent workers
+        and the block shuffle.
     **kwargs
         Process options of ``torch.utils.data.DataLoader``: ``num_workers``,
-        ``pin_memory``, ``pin_memory_device``, ``timeout``, ``worker_init_fn``,
-        ``multiprocessing_context``, ``prefetch_factor``, ``generator``. Batch options
-        (``batch_size``, ``shuffle``, ``drop_last``, ``collate_fn``, samplers) belong to the
-        dataset. ``persistent_workers=True`` is refused: persistent workers would keep the
-        position they were started with.
+        ``persistent_workers``, ``pin_memory``, ``pin_memory_device``, ``timeout``,
+        ``worker_init_fn``, ``multiprocessing_context``, ``prefetch_factor``,
+        ``generator``. Batch options (``batch_size``, ``shuffle``, ``drop_last``,
+        ``collate_fn``, samplers) belong to the dataset. With ``persistent_workers=True``
+        the workers live across epochs and keep their readers open, so a new epoch opens
+        nothing; the position reaches them through shared memory.
 
     Notes
     -----
     :meth:`state_dict` returns::
 
-        {"version": 1, "epoch": int, "consumed_samples": int, "seed": int,
-         "kind": "indexed" | "temporal", ... dataset identity (shuffle, or frames/sampling/
-         samples_per_epoch) ..., "batch_size": int, "world_size": int, "rank": int,
-         "drop_last": bool}
+        {"version": 1, "epoch": int, "consumed_samples": int,
+         ["phases": [[world_size, batch_size, num_workers, drop_last, steps], ...],]
+         "kind": ..., "seed": int, ... the source's identity (shuffle, block shuffle
+         parameters, frames, mixture sources and weights ...) ...,
+         "batch_size": int, "world_size": int, "rank": int, "drop_last": bool}
 
-    Only ``epoch`` and ``consumed_samples`` define the position; seed and identity must
-    match on load; batch size, world size, rank and ``drop_last`` are recorded for
-    inspection and may differ on resume. Every rank holds the same position, so any
-    rank's state resumes any rank of the new run.
+    ``epoch`` and ``consumed_samples`` (and, for the block shuffle, ``phases``) define the
+    position; the identity must match on load (the block shuffle's run length and buffer
+    size are taken from the state); batch size, world size, rank and ``drop_last`` are
+    recorded for inspection and may differ on resume. Every rank holds the same position,
+    so any rank's state resumes any rank of the new run.
     """
 
     def __init__(
@@ -190,33 +109,32 @@ class StatefulDataLoader(torchdata.stateful_dataloader.StatefulDataLoader):
                 f"{', '.join(misplaced)} belong(s) to the dataset (batches are built in the "
                 "workers); pass them to the dataset or to from_storage"
             )
-        if kwargs.get("persistent_workers"):
-            raise LoaderConfigError(
-                "persistent_workers=True would keep each worker's start position across "
-                "epochs and resumes; workers must restart to receive the loader's position"
-            )
         if kwargs.get("in_order") is False:
             raise LoaderConfigError(
                 "in_order=False reorders batches between workers, which breaks the batch "
                 "order that the resume position relies on"
             )
         kwargs.setdefault("snapshot_every_n_steps", None)
-        if kwargs.get("num_workers", 0) > 0 and _start_method(kwargs) == "fork":
+        num_workers = kwargs.get("num_workers", 0)
+        if num_workers > 0 and _start_method(kwargs) == "fork":
             # Forked workers inherit the parent's imports. Each worker seeds numpy.random
             # at start, importing it if the parent has not: in a forked child of a large
             # process that took ~120 ms before the first batch (43 vs 173 ms measured).
             import numpy.random  # noqa: F401
 
             dataset.preload()  # and the storage's client code
+        if kwargs.get("persistent_workers") and num_workers > 0:
+            dataset.share_position()
         with warnings.catch_warnings():
             # torchdata 0.11 calls a torch API that torch 2.13 deprecates; nothing to act on.
             warnings.filterwarnings("ignore", message=".*set_vital.*", category=UserWarning)
             super().__init__(dataset, batch_size=None, collate_fn=_pass_through, **kwargs)
-        dataset.tag_steps()  # batches come back tagged: runs per worker, re-sorted here
+        dataset.tag_steps()  # batches come back tagged: stretches per worker, re-sorted here
+        dataset.workers_per_rank = max(1, self.num_workers)
         self.head_start = bool(head_start)
-        self._epoch = 0
-        self._consumed_samples = 0
         self._generation = 0
+        self._order_version = 0
+        self._io_by_source: list[list[int]] = []
 
     dataset: BatchIterableDataset
 
@@ -231,7 +149,7 @@ class StatefulDataLoader(torchdata.stateful_dataloader.StatefulDataLoader):
         rank: int | None = None,
         world_size: int | None = None,
         num_workers: int = 2,
-        shuffle: bool = True,
+        shuffle: str | bool = True,
         shuffle_seed: int = 0,
         drop_last: bool = True,
         prefetch: int | None = None,
@@ -240,9 +158,11 @@ class StatefulDataLoader(torchdata.stateful_dataloader.StatefulDataLoader):
         next_token: bool = False,
         fields: Sequence[str] | None = None,
         samples_per_epoch: int | None = None,
+        run_windows: int | None = None,
+        buffer_runs: int | None = None,
         **kwargs: Any,
     ) -> StatefulDataLoader:
-        """Build a loader over a storage, choosing the dataset by ``storage.kind``.
+        """Build a loader over a storage, choosing the sample source by ``storage.kind``.
 
         Parameters
         ----------
@@ -262,17 +182,23 @@ class StatefulDataLoader(torchdata.stateful_dataloader.StatefulDataLoader):
         rank, world_size : int, optional
             ``None`` takes them from ``torch.distributed`` if initialised, else 0 and 1.
         num_workers : int, default 2
-            DataLoader worker processes per rank; the order does not depend on it.
-        shuffle : bool, default True
-            Global shuffle, a new order each epoch.
+            DataLoader worker processes per rank.
+        shuffle : {True, "block", "window", False}, default True
+            ``True`` takes the storage's default: the block shuffle over object storage
+            (runs of about 4 MiB read whole, mixed within buffers of ``K`` runs: about one
+            range request per run instead of one per window), the per-window shuffle on
+            local disk (a random window there is a page-cache copy); see
+            :func:`rangestream.loader.storage_kinds.default_shuffle`. ``"window"``: a global
+            per-window shuffle, a new order each epoch. ``"block"``: the block shuffle
+            (stream windows). ``False``: storage order.
         shuffle_seed : int, default 0
             Seed of the shuffle (equal on all ranks).
         drop_last : bool, default True
             Skip the incomplete last global batch, or pad it by wrapping around to the
             start of the epoch's order; see :mod:`rangestream.loader.plan`.
         prefetch : int, optional
-            Samples in flight per worker; by default two runs of sequential windows
-            (about 8 MiB), else
+            Samples in flight per worker; by default two stretches of sequential windows
+            (about 8 MiB) or two runs of the block shuffle, else
             :data:`rangestream.loader.DEFAULT_PREFETCH`.
         pin_memory : bool, default False
             Passed to the DataLoader.
@@ -284,6 +210,10 @@ class StatefulDataLoader(torchdata.stateful_dataloader.StatefulDataLoader):
             Fields to read (temporal only).
         samples_per_epoch : int, optional
             Windows drawn per epoch (temporal only).
+        run_windows, buffer_runs : int, optional
+            The block shuffle's windows per run and runs per buffer (``K``); chosen from
+            the data when omitted (runs of about 4 MiB, ``K`` up to 8) and then kept in the
+            state. A worker holds about ``K`` runs plus its prefetch.
         **kwargs
             Further DataLoader process options (see the class).
 
@@ -291,35 +221,145 @@ class StatefulDataLoader(torchdata.stateful_dataloader.StatefulDataLoader):
         -------
         StatefulDataLoader
         """
-        options = LoaderOptions(
-            sequence_length=sequence_length,
+        source = build_source(
+            storage,
+            SourceOptions(
+                sequence_length=sequence_length,
+                shuffle=None if shuffle is True else shuffle,
+                seed=shuffle_seed,
+                stride=stride,
+                next_token=next_token,
+                fields=fields,
+                samples_per_epoch=samples_per_epoch,
+                run_windows=run_windows,
+                buffer_runs=buffer_runs,
+            ),
+        )
+        options = BatchOptions(
             batch_size=batch_size,
             rank=rank,
             world_size=world_size,
-            shuffle=shuffle,
-            shuffle_seed=shuffle_seed,
             drop_last=drop_last,
             prefetch=prefetch,
-            stride=stride,
-            next_token=next_token,
-            fields=fields,
-            samples_per_epoch=samples_per_epoch,
             collate_fn=collate_fn,
         )
-        dataset = build_dataset(storage, options)
-        return cls(dataset, num_workers=num_workers, pin_memory=pin_memory, **kwargs)
+        return cls.from_source(
+            source, options, num_workers=num_workers, pin_memory=pin_memory, **kwargs
+        )
+
+    @classmethod
+    def from_storages(
+        cls,
+        weights: Mapping[Any, float],
+        collate_fn: Collate | None = None,
+        *,
+        sequence_length: int | None = None,
+        names: Mapping[Any, str] | None = None,
+        per_source: Mapping[Any, Mapping[str, Any]] | None = None,
+        num_samples: int | None = None,
+        batch_size: int = 8,
+        rank: int | None = None,
+        world_size: int | None = None,
+        num_workers: int = 2,
+        shuffle: bool | str = True,
+        shuffle_seed: int = 0,
+        drop_last: bool = True,
+        prefetch: int | None = None,
+        pin_memory: bool = False,
+        stride: int | None = None,
+        next_token: bool = False,
+        fields: Sequence[str] | None = None,
+        samples_per_epoch: int | None = None,
+        **kwargs: Any,
+    ) -> StatefulDataLoader:
+        """Build a loader over a weighted mixture of storages: ``{storage: weight, ...}``.
+
+        The epoch is one global order over the sources (``docs/design.md``, "Mixing: exact
+        proportions by random access"): in every prefix of it, over all ranks, each source's
+        count is within the mixture's bound (1 for up to four sources) of ``weight * n``;
+        each source is shuffled on its own, a source smaller than its share is repeated
+        (each pass freshly shuffled), a larger one is down-sampled (a different subset each
+        epoch). State, resume (exact, elastic over workers, world size and batch size) and
+        batches are as for one storage; :meth:`set_weights` changes the weights from the
+        current position on and :meth:`source_stats` reports what each source contributed.
+
+        Parameters
+        ----------
+        weights : mapping of storage to float
+            The sources and their relative weights. Their samples must batch together:
+            windows of one length (stream storages), documents, or temporal windows.
+        collate_fn : callable, optional
+            As for :meth:`from_storage`.
+        sequence_length, stride, next_token, fields, samples_per_epoch
+            Every source's options, as for :meth:`from_storage`; ``per_source`` overrides
+            them for one source (e.g. ``{code: {"stride": 1024}}``).
+        names : mapping of storage to str, optional
+            Each source's name: reported in :meth:`source_stats`, checked on resume, and
+            the seed of its shuffle (so adding a source leaves the others' orders as they
+            were). Defaults to the storage's URL; give names when URLs change between runs.
+        per_source : mapping of storage to mapping, optional
+            Options of one source that differ from the shared ones.
+        num_samples : int, optional
+            Positions per epoch; by default the most for which no source repeats.
+        shuffle : {True, "block", "window", False}, default True
+            ``True`` takes the storages' default: for windows over object storage each
+            source's own block shuffle (runs of about 4 MiB read whole,
+            :mod:`rangestream.loader.mixed_blocks`), else a per-sample shuffle of each
+            source (``"window"``; a fresh one per pass). ``False`` reads each source in
+            storage order.
+        batch_size, rank, world_size, num_workers, shuffle_seed, drop_last, prefetch
+            As for :meth:`from_storage`; so are ``pin_memory`` and ``**kwargs``.
+        """
+        source = mixed_source(
+            weights,
+            SourceOptions(
+                sequence_length=sequence_length,
+                stride=stride,
+                next_token=next_token,
+                fields=fields,
+                samples_per_epoch=samples_per_epoch,
+            ),
+            names=names,
+            per_source=per_source,
+            num_samples=num_samples,
+            seed=shuffle_seed,
+            shuffle=shuffle,
+        )
+        options = BatchOptions(
+            batch_size=batch_size,
+            rank=rank,
+            world_size=world_size,
+            drop_last=drop_last,
+            prefetch=prefetch,
+            collate_fn=collate_fn,
+        )
+        return cls.from_source(
+            source, options, num_workers=num_workers, pin_memory=pin_memory, **kwargs
+        )
+
+    @classmethod
+    def from_source(
+        cls, source: SampleSource, options: BatchOptions | None = None, **kwargs: Any
+    ) -> StatefulDataLoader:
+        """A loader over any :class:`~rangestream.loader.sources.SampleSource`."""
+        return cls(BatchIterableDataset(source, options), **kwargs)
 
     # -- position ------------------------------------------------------------------------
 
     @property
+    def position(self) -> LoaderPosition:
+        """The loader's position (owned by its dataset, advanced here batch by batch)."""
+        return self.dataset.position
+
+    @property
     def epoch(self) -> int:
         """Epoch that the current or next ``for`` loop plays."""
-        return self._epoch
+        return self.dataset.position.epoch
 
     @property
     def consumed_samples(self) -> int:
         """Samples of :attr:`epoch` handed out so far by all ranks together."""
-        return self._consumed_samples
+        return self.dataset.position.consumed_samples
 
     def set_epoch(self, epoch: int) -> None:
         """Play ``epoch`` from its start next; the current epoch keeps its position.
@@ -329,52 +369,126 @@ class StatefulDataLoader(torchdata.stateful_dataloader.StatefulDataLoader):
         """
         if isinstance(epoch, bool) or int(epoch) != epoch or epoch < 0:
             raise LoaderConfigError(f"epoch must be a non-negative integer, got {epoch!r}")
-        if epoch != self._epoch:
-            self._move(int(epoch), 0)
+        if epoch != self.epoch:
+            self._move(LoaderPosition(int(epoch)))
 
-    def _move(self, epoch: int, consumed_samples: int) -> None:
-        self._epoch = epoch
-        self._consumed_samples = consumed_samples
+    def _move(self, position: LoaderPosition) -> None:
+        self.dataset.seek(position)
         self._generation += 1
-        self._iterator = None
+        if not self._persistent_workers_alive():
+            self._iterator = None
+
+    def _persistent_workers_alive(self) -> bool:
+        return bool(self.persistent_workers and self.num_workers > 0)
 
     def _end_epoch(self) -> None:
-        self._epoch += 1
-        self._consumed_samples = 0
+        self.dataset.seek(self.dataset.position.next_epoch())
 
-    def __iter__(self) -> _CountingIterator:  # type: ignore[override]
+    def _count_io(self, io: list[tuple[int, int]] | None) -> None:
+        if not io:
+            return
+        totals = self._io_by_source
+        if not totals:
+            totals.extend([0, 0] for _ in io)
+        for total, (requests, nbytes) in zip(totals, io, strict=True):
+            total[0] += requests
+            total[1] += nbytes
+
+    def source_stats(self) -> dict[str, dict[str, int]]:
+        """What each source contributed: samples, requests and bytes.
+
+        ``samples``: of the current epoch's consumed positions, over all ranks together
+        (computed from the order: exact, whatever was read ahead). ``requests`` and
+        ``bytes``: what this rank's readers (workers, and this process for a head start)
+        have read from each source since this loader was made, opens included, read ahead
+        included. A single source is reported under the name ``"source"``.
+        """
+        source = self.dataset.source
+        position = self.dataset.position
+        counts = getattr(source, "source_counts", None)
+        if counts is None:
+            samples = {"source": position.consumed_samples}
+        else:
+            samples = counts(position.epoch, 0, position.consumed_samples)
+        io = self._io_by_source or [[0, 0] for _ in samples]
+        return {
+            name: {"samples": count, "requests": requests, "bytes": nbytes}
+            for (name, count), (requests, nbytes) in zip(samples.items(), io, strict=True)
+        }
+
+    def set_weights(self, weights: dict[str, float]) -> None:
+        """New mixture weights from the loader's current position on (a curriculum).
+
+        Positions already handed out keep their order; from :attr:`consumed_samples` of the
+        current epoch on, the sources interleave by ``weights``, exactly (every prefix from
+        here within the mixture's bound of each share), each source continuing its own
+        draws; later epochs keep these weights. A ``for`` loop in progress continues at its
+        next batch under the new weights (its workers restart from the position; batches
+        they had read ahead are dropped). The weights and where they changed are part of
+        :meth:`state_dict`, so a resumed run replays the same curriculum.
+        """
+        source = self.dataset.source
+        set_weights = getattr(source, "set_weights", None)
+        if set_weights is None:
+            raise LoaderConfigError(f"{source!r} is not a mixture; it has no weights to set")
+        position = self.dataset.position
+        set_weights(weights, epoch=position.epoch, position=position.consumed_samples)
+        self._order_version += 1
+        self._iterator = None  # workers (persistent ones too) hold the old order
+
+    def _advance(self) -> None:
+        dataset = self.dataset
+        dataset.position = dataset.position.advanced(dataset.options.global_batch_size)
+
+    def __iter__(self) -> StepIterator:  # type: ignore[override]
         self._generation += 1
-        return _CountingIterator(self, self._generation, self._epoch, self._consumed_samples)
+        dataset = self.dataset
+        if dataset.block_shuffled:
+            # the phase played from here (a new one if the setting changed since the state)
+            position = dataset.position
+            phases = dataset.phases_for(position, max(1, self.num_workers))
+            if phases != position.phases:
+                dataset.seek(LoaderPosition(position.epoch, position.consumed_samples, phases))
+        return StepIterator(self, self._generation)
 
-    def _start_workers(self, epoch: int, consumed_samples: int) -> Iterator[Any]:
-        """The DataLoader's iterator from ``consumed_samples`` of ``epoch`` on."""
-        self.dataset.seek(epoch, consumed_samples)
-        return super().__iter__()
+    def _start_workers(self, start: LoaderPosition) -> Iterator[Any]:
+        """The DataLoader's iterator from ``start`` on."""
+        self.dataset.start_workers_at(start)
+        try:
+            return super().__iter__()
+        finally:
+            self.dataset.start_workers_at(None)
 
     def _head_start(self) -> bool:
-        """Whether the first run is read in this process (see :class:`_CountingIterator`).
+        """Whether the first stretch is read in this process (see :mod:`.stepping`).
 
-        Worker start-up (fork, imports, torchdata's handshake) takes 20-40 ms; a local run
-        is read here in about a millisecond. Not with pinned memory (the DataLoader pins
-        what workers send) or when switched off.
+        Worker start-up (fork, imports, torchdata's handshake) takes 20-40 ms; a local
+        stretch is read here in about a millisecond. Not with pinned memory (the DataLoader
+        pins what workers send), with persistent workers (they are started once) or when
+        switched off.
         """
-        return self.head_start and self.num_workers > 0 and not self.pin_memory
+        return (
+            self.head_start
+            and self.num_workers > 0
+            and not self.pin_memory
+            and not self.persistent_workers
+        )
 
     # -- state ---------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
         """The loader's position and the settings it depends on, as plain data."""
         dataset = self.dataset
+        options = dataset.options
         return {
             "version": STATE_VERSION,
-            "epoch": self._epoch,
-            "consumed_samples": self._consumed_samples,
-            "seed": dataset.seed,
+            **dataset.position.state_dict(),
             **dataset.state_identity(),
-            "batch_size": dataset.batch_size,
-            "world_size": dataset.world_size,
-            "rank": dataset.rank,
-            "drop_last": dataset.drop_last,
+            **dataset.order_state(),
+            "batch_size": options.batch_size,
+            "world_size": options.world_size,
+            "rank": options.rank,
+            "drop_last": options.drop_last,
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -388,18 +502,12 @@ class StatefulDataLoader(torchdata.stateful_dataloader.StatefulDataLoader):
                 f"StatefulDataLoader state version {state_dict.get('version')!r} is not the "
                 f"supported version {STATE_VERSION}"
             )
-        dataset = self.dataset
-        expected = {"seed": dataset.seed, **dataset.state_identity()}
-        for key, value in expected.items():
-            if state_dict.get(key) != value:
-                raise StateError(
-                    f"cannot resume: the state has {key}={state_dict.get(key)!r} but this "
-                    f"loader has {key}={value!r}; the remaining samples would differ"
-                )
-        position: dict[str, int] = {}
-        for key in ("epoch", "consumed_samples"):
-            value = state_dict.get(key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise StateError(f"state {key} must be a non-negative integer, got {value!r}")
-            position[key] = value
-        self._move(position["epoch"], position["consumed_samples"])
+        self.dataset.adopt_identity(state_dict)
+        position = LoaderPosition.from_state_dict(state_dict)
+        self.dataset.load_order_state(state_dict, position)
+        if self.dataset.block_shuffled and position.phases is None and position.consumed_samples:
+            raise StateError(
+                "the state has no phases but this loader is block-shuffled: it was saved "
+                "under another order"
+            )
+        self._move(position)

@@ -49,25 +49,33 @@ with them at the resume position.
 
 from __future__ import annotations
 
-import hashlib
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from fractions import Fraction
-from functools import cached_property
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from rangestream.errors import LoaderConfigError, OutOfRangeError, StateError
-from rangestream.loader.interleave import MAX_POSITION, Interleave
-from rangestream.loader.permutation import (
-    DEFAULT_ROUNDS,
-    Permutation,
-    _key,
-    _mix_in_place,
-    keyed_hash,
+from rangestream.loader.interleave import Interleave
+from rangestream.loader.mixture import (
+    CYCLE_KEY,
+    STATE_PHASE_EPOCH,
+    STATE_PHASES,
+    STATE_SAMPLES,
+    STATE_WEIGHTS,
+    Mixture,
+    MixtureSource,
+    SourceDraws,
+    check_count,
+    check_weight,
+    draw_keys,
+)
+from rangestream.loader.source_orders import (
+    SequentialOrder,
+    ShuffledOrder,
+    SourceOrder,
+    shuffle_groups,
 )
 
 __all__ = [
@@ -81,373 +89,6 @@ __all__ = [
     "SourceDraws",
     "SourceOrder",
 ]
-
-CYCLE_KEY = -1
-"""Key of a source's down-sampling cycle in :class:`SourceOrder` calls (passes use their
-non-negative pass numbers)."""
-
-_SOURCE_SEED = 0x6D6978  # purpose word of the per-source seeds ("mix")
-_CACHED_ORDERS = 4
-
-# state_dict keys
-STATE_SOURCES = "sources"
-STATE_SIZES = "sizes"
-STATE_WEIGHTS = "weights"
-STATE_SAMPLES = "samples_per_epoch"
-STATE_SEED = "seed"
-STATE_PHASE_EPOCH = "phase_epoch"
-STATE_PHASES = "phases"
-
-
-class SourceOrder(Protocol):
-    """How a source is read within one pass: ``(indices, key) -> sample positions``.
-
-    For every ``key`` the map must be a bijection of ``[0, size)`` (a shuffle, the block
-    shuffle, or the identity), the same in every process. Keys are pass numbers
-    (``>= 0``) and :data:`CYCLE_KEY`; vectorised over ``indices`` (``int64``).
-    """
-
-    def __call__(self, indices: np.ndarray, key: int) -> np.ndarray: ...
-
-
-class ShuffledOrder:
-    """A :class:`Permutation` of the source per key (the default shuffle).
-
-    :meth:`MixedOrder.locate` evaluates the shuffles of all sources and passes of a block
-    in one vectorised pass (:func:`_shuffle_groups`), the same network as
-    :class:`Permutation` with per-element keys and widths, so mixing costs about one
-    shuffle call per block whatever the number of sources.
-    """
-
-    def __init__(self, size: int, seed: int) -> None:
-        self.size = int(size)
-        self.seed = int(seed)
-        self._permutations: OrderedDict[int, Permutation] = OrderedDict()
-        self._networks: OrderedDict[int, tuple[int, list[int]]] = OrderedDict()
-
-    def permutation(self, key: int) -> Permutation:
-        permutation = self._permutations.get(key)
-        if permutation is None:
-            permutation = Permutation(self.size, self.seed, key)
-            self._permutations[key] = permutation
-            if len(self._permutations) > _CACHED_ORDERS:
-                self._permutations.popitem(last=False)
-        else:
-            self._permutations.move_to_end(key)
-        return permutation
-
-    def __call__(self, indices: np.ndarray, key: int) -> np.ndarray:
-        return self.permutation(key)(indices)
-
-    def network(self, key: int) -> tuple[int, list[int]]:
-        """Half width in bits and round keys of :class:`Permutation`'s network for ``key``."""
-        network = self._networks.get(key)
-        if network is None:
-            bits = max(1, (self.size - 1).bit_length())
-            round_keys = [_key(self.seed, key, rnd) for rnd in range(DEFAULT_ROUNDS)]
-            network = self._networks[key] = ((bits + 1) // 2, round_keys)
-            if len(self._networks) > _CACHED_ORDERS:
-                self._networks.popitem(last=False)
-        return network
-
-    def __repr__(self) -> str:
-        return f"ShuffledOrder(size={self.size}, seed={self.seed})"
-
-
-def _shuffle_groups(
-    sizes: list[int], networks: list[tuple[int, list[int]]], group: np.ndarray, indices: np.ndarray
-) -> np.ndarray:
-    """``Permutation(sizes[g], seed, key)(indices)`` for every element of group ``g``.
-
-    The Feistel network and cycle-walking of :class:`Permutation`, with each element's
-    half width and round keys gathered from its group, so many small shuffles cost one
-    vectorised pass instead of one call each.
-    """
-    limit = np.asarray(sizes, dtype=np.uint64)
-    halves = np.asarray([half for half, _ in networks], dtype=np.uint64)
-    masks = (np.uint64(1) << halves) - np.uint64(1)
-    keys = np.asarray([round_keys for _, round_keys in networks], dtype=np.uint64).T
-
-    def network(values: np.ndarray, members: np.ndarray) -> np.ndarray:
-        shift, mask = halves[members], masks[members]
-        left = values >> shift
-        right = values & mask
-        for round_keys in keys:
-            mixed = _mix_in_place(right ^ round_keys[members])
-            mixed &= mask
-            mixed ^= left
-            left, right = right, mixed
-        return (left << shift) | right
-
-    out = network(indices.astype(np.uint64), group)
-    walking = np.flatnonzero(out >= limit[group])
-    while walking.size:
-        stepped = network(out[walking], group[walking])
-        out[walking] = stepped
-        walking = walking[stepped >= limit[group[walking]]]
-    return out.astype(np.int64)
-
-
-class SequentialOrder:
-    """Storage order for every key (``shuffle=False``)."""
-
-    def __call__(self, indices: np.ndarray, key: int) -> np.ndarray:
-        return np.asarray(indices, dtype=np.int64)
-
-    def __repr__(self) -> str:
-        return "SequentialOrder()"
-
-
-def _check_count(owner: str, name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise LoaderConfigError(f"{owner} {name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
-
-
-def _check_weight(owner: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise LoaderConfigError(f"{owner} weight must be a number, got {value!r}")
-    weight = float(value)
-    if not np.isfinite(weight) or weight < 0:
-        raise LoaderConfigError(f"{owner} weight must be finite and >= 0, got {value!r}")
-    return weight
-
-
-@dataclass(frozen=True)
-class MixtureSource:
-    """One source of a mixture.
-
-    Parameters
-    ----------
-    name : str
-        Unique name (reported in counters and checked on resume); also seeds the source's
-        shuffle, so adding or reordering sources leaves each source's order unchanged.
-    size : int
-        Samples in the source (its windows, documents or drawn temporal windows).
-    weight : float, default 1.0
-        Relative weight (normalised over the mixture); 0 keeps the source out.
-    options : mapping, optional
-        The source's own loader options (stride, fields, ...), carried for the loader.
-    """
-
-    name: str
-    size: int
-    weight: float = 1.0
-    options: Mapping[str, Any] = field(default_factory=dict, hash=False)
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
-            raise LoaderConfigError(f"source name must be a non-empty string, got {self.name!r}")
-        object.__setattr__(
-            self, "size", _check_count(f"source {self.name!r}", "size", self.size, 1)
-        )
-        object.__setattr__(self, "weight", _check_weight(f"source {self.name!r}", self.weight))
-        # a private copy (a plain dict: mapping proxies do not pickle); treat as read-only
-        object.__setattr__(self, "options", dict(self.options))
-
-
-@dataclass(frozen=True)
-class Mixture:
-    """Sources, their weights, the samples per epoch and the seed of a mixed loader.
-
-    Parameters
-    ----------
-    sources : sequence of MixtureSource
-        At least one, with unique names and at least one positive weight.
-    num_samples : int, optional
-        Positions per epoch; by default the most for which no source repeats (MosaicML's
-        default epoch: every sample once when the weights follow the sizes).
-    seed : int, default 0
-        Seed of every source's shuffle (each source derives its own from its name).
-    """
-
-    sources: tuple[MixtureSource, ...]
-    num_samples: int | None = None
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        sources = tuple(self.sources)
-        if not sources or not all(isinstance(source, MixtureSource) for source in sources):
-            raise LoaderConfigError(
-                f"a Mixture needs at least one MixtureSource, got {self.sources!r}"
-            )
-        names = [source.name for source in sources]
-        duplicates = sorted({name for name in names if names.count(name) > 1})
-        if duplicates:
-            raise LoaderConfigError(f"mixture source names must be unique, repeated: {duplicates}")
-        if not any(source.weight > 0 for source in sources):
-            raise LoaderConfigError(f"at least one source weight must be positive, got {names}")
-        object.__setattr__(self, "sources", sources)
-        if self.num_samples is not None:
-            _check_count("Mixture", "num_samples", self.num_samples, 1)
-            if self.num_samples > MAX_POSITION:
-                raise LoaderConfigError(
-                    f"Mixture num_samples must be <= {MAX_POSITION}, got {self.num_samples}"
-                )
-            object.__setattr__(self, "num_samples", int(self.num_samples))
-        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)):
-            raise LoaderConfigError(f"Mixture seed must be an integer, got {self.seed!r}")
-        object.__setattr__(self, "seed", int(self.seed))
-
-    @classmethod
-    def from_weights(
-        cls,
-        weights: Mapping[str, float],
-        sizes: Mapping[str, int],
-        *,
-        options: Mapping[str, Mapping[str, Any]] | None = None,
-        num_samples: int | None = None,
-        seed: int = 0,
-    ) -> Mixture:
-        """Build a mixture from ``{name: weight}`` and ``{name: size}`` (same names)."""
-        if set(weights) != set(sizes):
-            raise LoaderConfigError(
-                f"weights and sizes must name the same sources: weights {sorted(weights)}, "
-                f"sizes {sorted(sizes)}"
-            )
-        extra = sorted(set(options or {}) - set(weights))
-        if extra:
-            raise LoaderConfigError(
-                f"options name unknown sources {extra}; known {sorted(weights)}"
-            )
-        sources = tuple(
-            MixtureSource(name, sizes[name], weights[name], (options or {}).get(name, {}))
-            for name in weights
-        )
-        return cls(sources, num_samples=num_samples, seed=seed)
-
-    # -- derived ------------------------------------------------------------------------
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return tuple(source.name for source in self.sources)
-
-    @property
-    def sizes(self) -> tuple[int, ...]:
-        return tuple(source.size for source in self.sources)
-
-    @property
-    def weights(self) -> tuple[float, ...]:
-        """The sources' weights as given (not normalised)."""
-        return tuple(source.weight for source in self.sources)
-
-    @cached_property
-    def interleave(self) -> Interleave:
-        """The interleave of the mixture's own weights."""
-        return Interleave(self.weights)
-
-    @property
-    def bound(self) -> float:
-        """Every prefix of an epoch holds each source within this of its share."""
-        return self.interleave.bound
-
-    @cached_property
-    def samples_per_epoch(self) -> int:
-        """Positions per epoch: ``num_samples``, or the most for which no source repeats."""
-        if self.num_samples is not None:
-            return self.num_samples
-        shares = self.interleave.exact_weights
-        limit = min(
-            Fraction(size) / share
-            for size, share in zip(self.sizes, shares, strict=True)
-            if share > 0
-        )
-        sizes = np.asarray(self.sizes, dtype=np.int64)
-        # The interleave's count at n can exceed w * n by up to its bound, so the largest n
-        # with every count within its size is found by bisection (counts grow with n).
-        low, high = 1, min(int(limit), MAX_POSITION)
-        while low < high:
-            middle = (low + high + 1) // 2
-            if (self.interleave.counts(middle) > sizes).any():
-                high = middle - 1
-            else:
-                low = middle
-        return low
-
-    @cached_property
-    def quotas(self) -> tuple[int, ...]:
-        """Draws of each source per epoch under the mixture's own weights."""
-        counts = self.interleave.counts(self.samples_per_epoch)
-        return tuple(int(count) for count in counts)
-
-    def source_seed(self, index: int) -> int:
-        """Seed of source ``index``'s shuffle: from the mixture seed and the source name."""
-        name = self.sources[index].name.encode("utf-8")
-        word = int.from_bytes(hashlib.blake2b(name, digest_size=8).digest(), "little")
-        return int(keyed_hash(np.array([word], dtype=np.uint64), self.seed, _SOURCE_SEED)[0])
-
-    def identity(self) -> dict[str, Any]:
-        """What a saved state must match: names, sizes and seed (plain data)."""
-        return {
-            STATE_SOURCES: list(self.names),
-            STATE_SIZES: list(self.sizes),
-            STATE_SEED: self.seed,
-        }
-
-
-@dataclass(frozen=True)
-class SourceDraws:
-    """Which pass, or which cycle window, the ``j``-th draw of a source in an epoch reads.
-
-    Parameters
-    ----------
-    size : int
-        Samples in the source (``M``).
-    quota : int
-        Draws per epoch under the mixture's own weights (``q``).
-    """
-
-    size: int
-    quota: int
-
-    @property
-    def passes(self) -> int:
-        """Whole passes per epoch (fresh shuffles)."""
-        return self.quota // self.size
-
-    @property
-    def remainder(self) -> int:
-        """Draws per epoch from the cycle (the down-sampled part)."""
-        return self.quota % self.size
-
-    def keys(self, draws: np.ndarray, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-        """Order keys and indices within the order for draws of one epoch.
-
-        Parameters
-        ----------
-        draws : numpy.ndarray
-            Draw numbers ``j >= 0`` of this epoch (``int64``).
-        epoch : int
-            Epoch number.
-
-        Returns
-        -------
-        keys, indices : numpy.ndarray
-            ``int64`` arrays shaped like ``draws``: pass number (or :data:`CYCLE_KEY`) and
-            index in ``[0, size)`` to hand to the source's :class:`SourceOrder`.
-        """
-        return _draw_keys(
-            draws,
-            np.int64(self.size),
-            np.int64(self.passes),
-            np.int64(epoch * self.passes),
-            np.int64((epoch * self.remainder) % self.size),  # Python ints: no overflow
-        )
-
-
-def _draw_keys(
-    draws: np.ndarray,
-    size: np.ndarray | np.int64,
-    passes: np.ndarray | np.int64,
-    first_pass: np.ndarray | np.int64,
-    cycle_start: np.ndarray | np.int64,
-) -> tuple[np.ndarray, np.ndarray]:
-    """:meth:`SourceDraws.keys` with per-draw parameters (draws of several sources)."""
-    whole_draws = passes * size
-    whole = draws < whole_draws
-    keys = np.where(whole, first_pass + draws // size, CYCLE_KEY)
-    indices = np.where(whole, draws % size, (draws - whole_draws + cycle_start) % size)
-    return keys.astype(np.int64), indices.astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -580,7 +221,7 @@ class MixedOrder:
                     f"weights must have one value per source ({len(names)}), got {len(values)}"
                 )
         out = tuple(
-            _check_weight(f"source {name!r}", value)
+            check_weight(f"source {name!r}", value)
             for name, value in zip(names, values, strict=True)
         )
         if not any(weight > 0 for weight in out):
@@ -603,8 +244,8 @@ class MixedOrder:
             ``[0, samples_per_epoch]``; not before the current phase's start in that epoch.
         """
         new = self._weights_tuple(weights)
-        epoch = _check_count("set_weights", "epoch", epoch, 0)
-        position = _check_count("set_weights", "position", position, 0)
+        epoch = check_count("set_weights", "epoch", epoch, 0)
+        position = check_count("set_weights", "position", position, 0)
         if position > self.samples_per_epoch:
             raise OutOfRangeError(
                 f"set_weights position {position} is past the epoch's "
@@ -714,7 +355,7 @@ class MixedOrder:
         sources, draws = self.draws(positions, epoch)
         flat_sources = sources.reshape(-1)
         parameters = self._draw_parameters(epoch)
-        keys, indices = _draw_keys(
+        keys, indices = draw_keys(
             draws.reshape(-1), *(values[flat_sources] for values in parameters)
         )
         # group by (source, key): passes of one source within a block are few and consecutive
@@ -741,7 +382,7 @@ class MixedOrder:
         if sizes:
             members = shuffled_groups[group]
             renumber = np.cumsum(shuffled_groups) - 1
-            samples[members] = _shuffle_groups(
+            samples[members] = shuffle_groups(
                 sizes, networks, renumber[group[members]], indices[members]
             )
         return sources, samples.reshape(draws.shape)
@@ -766,7 +407,7 @@ class MixedOrder:
 
     def draws_before(self, epoch: int, position: int) -> np.ndarray:
         """Draws of each source among positions ``[0, position)`` of ``epoch``."""
-        position = _check_count("draws_before", "position", position, 0)
+        position = check_count("draws_before", "position", position, 0)
         if position > self.samples_per_epoch:
             raise OutOfRangeError(
                 f"position {position} is past the epoch's {self.samples_per_epoch} samples"

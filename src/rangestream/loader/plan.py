@@ -4,14 +4,15 @@ The epoch is one global sequence: sequence index ``i`` (``0 <= i < num_samples``
 ``i``-th sample of the epoch's (shuffled) order. The sequence is cut into *global batches* of
 ``world_size * batch_size`` indices; rank ``r`` takes the contiguous slice
 ``[r * batch_size, (r + 1) * batch_size)`` of every global batch (as Megatron does). The
-DataLoader workers of a rank only share the fetching: runs of ``run_steps`` consecutive
-steps are dealt to the workers in turn (:meth:`EpochPlan.worker_runs`), and the batches are
-put back in step order, by the DataLoader's in-order round robin for runs of one step, or by
+DataLoader workers of a rank only share the fetching: *stretches* of ``stretch_steps``
+consecutive steps are dealt to the workers in turn (:meth:`EpochPlan.worker_stretches`), and
+the batches are put back in step order, by the DataLoader's in-order round robin for
+stretches of one step, or by
 the step numbers the workers attach (``StatefulDataLoader``). So the order never depends on
 ``num_workers``.
 
 Progress is one number, ``consumed_samples``: how many sequence indices all ranks together
-have consumed this epoch (a multiple of the global batch size of the run that consumed them).
+have consumed this epoch (a multiple of the global batch size of the phase that consumed them).
 A plan always starts at ``consumed_samples``, so resuming with another worker count, world
 size or batch size just continues the same sequence: the union over ranks of what remains is
 exactly what remains of the epoch.
@@ -100,13 +101,16 @@ class EpochPlan:
             return remaining // self.global_batch_size
         return -(-remaining // self.global_batch_size)
 
-    def worker_runs(self, worker_id: int, num_workers: int, run_steps: int) -> Iterator[range]:
-        """Runs of consecutive steps that worker ``worker_id`` builds, in its order.
+    def worker_stretches(
+        self, worker_id: int, num_workers: int, stretch_steps: int
+    ) -> Iterator[range]:
+        """Stretches of consecutive steps that worker ``worker_id`` builds, in its order.
 
-        Runs of ``run_steps`` steps are dealt round robin, so a worker's samples are
-        adjacent in storage over a whole run (sequential order) and can be read with one
-        range request. Runs of more than one step follow a lead-in of one step per worker,
-        so the first batches wait for one batch's read, not a run's. With ``run_steps=1`` a
+        Stretches of ``stretch_steps`` steps are dealt round robin, so a worker's samples
+        are adjacent in storage over a whole stretch (sequential order) and can be read with
+        one range request. Stretches of more than one step follow a lead-in of one step per
+        worker, so the first batches wait for one batch's read, not a stretch's. With
+        ``stretch_steps=1`` a
         worker builds steps ``w, w + W, ...``; with more, and more than one worker, the
         DataLoader's round robin no longer yields steps in order, and whoever consumes the
         batches must put them back in order (as :class:`rangestream.loader.StatefulDataLoader`
@@ -116,13 +120,13 @@ class EpochPlan:
             raise LoaderConfigError(
                 f"worker_id must lie in [0, num_workers={num_workers}), got {worker_id}"
             )
-        _check_int("run_steps", run_steps, 1)
+        _check_int("stretch_steps", stretch_steps, 1)
         total = self.num_steps
-        lead_in = num_workers if run_steps > 1 else 0
+        lead_in = num_workers if stretch_steps > 1 else 0
         if worker_id < min(lead_in, total):
             yield range(worker_id, worker_id + 1)
-        for start in range(lead_in + worker_id * run_steps, total, run_steps * num_workers):
-            yield range(start, min(start + run_steps, total))
+        for start in range(lead_in + worker_id * stretch_steps, total, stretch_steps * num_workers):
+            yield range(start, min(start + stretch_steps, total))
 
     def sequence_indices(self, steps: range | np.ndarray) -> np.ndarray:
         """Epoch-sequence indices of this rank's batches at ``steps``.

@@ -47,16 +47,34 @@ integers each (:class:`EpochPosition`); a run that never changes its settings ha
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
-from rangestream.errors import LoaderConfigError, OutOfRangeError, StateError
-from rangestream.io.range_reader import DEFAULT_COALESCE_GAP, DEFAULT_MAX_COALESCED_BYTES
+from rangestream.errors import OutOfRangeError, StateError
+from rangestream.loader.geometry import (
+    DEFAULT_RUN_BYTES,
+    WindowGeometry,
+    check_count,
+    run_windows_for,
+)
 from rangestream.loader.permutation import Permutation, _mix_in_place, keyed_hash
-from rangestream.loader.plan import EpochPlan
+from rangestream.loader.phases import (
+    EpochPosition,
+    Phase,
+    PhaseLayout,
+    phase_layout,
+    reader_region,
+)
+from rangestream.loader.worker_plan import (
+    SPAN_MIN_FILL,
+    ReadGroup,
+    RunRead,
+    WindowShuffle,
+    WorkerPlan,
+    check_worker,
+)
 
 __all__ = [
     "DEFAULT_BUFFER_RUNS",
@@ -71,34 +89,21 @@ __all__ = [
     "WindowShuffle",
     "WorkerPlan",
     "buffer_runs_for",
+    "phase_layout",
+    "reader_region",
     "run_windows_for",
     "simulate_epoch",
 ]
-
-DEFAULT_RUN_BYTES = 4 << 20
-"""Bytes of storage a run aims to cover: one 4 MiB range request (see ``docs/design.md``,
-"The block shuffle: runs, buffers and regions", for the measurements behind it)."""
 
 DEFAULT_BUFFER_RUNS = 8
 """Runs mixed together per worker (``K``): a batch's windows come from about ``K`` places
 of the source (one pair in nine shares a 4 MiB neighbourhood, measured), and a worker
 holds ``K * run`` bytes (32 MiB with 4 MiB runs) plus the next buffer it reads ahead."""
-
-SPAN_MIN_FILL = 1 / 16
-"""Smallest share of a partial run's span that is needed for the span to be read whole
-(:attr:`RunRead.request_windows`): at most 16x the needed bytes of that run."""
-
 _RUN_ORDER = 0x52554E53  # purposes of the derived keys: the run order, a buffer's order
 _BUFFER_ORDER = 0x42554646
 _MAX_WALK = 64
 """Cycle-walking steps of the inverse before it is declared broken (a bijection's walk
 averages under four on a domain below ``4 n``)."""
-
-
-def _check_int(owner: str, name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise LoaderConfigError(f"{owner} {name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
 
 
 def _derived_seed(seed: int, purpose: int, index: int) -> int:
@@ -135,147 +140,6 @@ def _inverse(permutation: Permutation, images: np.ndarray) -> np.ndarray:
     raise StateError(f"inverse of {permutation!r} did not return into [0, {n})")
 
 
-# -- geometry: what a range request covers --------------------------------------------------
-
-
-@dataclass(frozen=True)
-class WindowGeometry:
-    """Where the windows of a ``StreamDataset`` lie in the blocks of its ``StreamStorage``.
-
-    The read path reads whole inner chunks of one block per range and coalesces ranges of
-    one block that lie within ``coalesce_gap_bytes``; a window that crosses a block or shard
-    boundary is one range per block. This object reproduces that arithmetic, so the request
-    count of any set of windows read together is known before reading.
-
-    Parameters
-    ----------
-    stream_bounds : sequence of int
-        Cumulative element offsets of the shards: ``(0, len(shard 0), ...)`` (the storage
-        reader's ``stream_bounds``); empty shards repeat a value.
-    block_rows, chunk_rows : int
-        Elements per block and per inner chunk (the stream array's layout).
-    stored_chunk_bytes : int
-        Bytes of one stored inner chunk, checksum included.
-    stride, window_length : int
-        Window ``i`` covers elements ``[i * stride, i * stride + window_length)``.
-    coalesce_gap_bytes, max_coalesced_bytes : int
-        The range reader's coalescing knobs.
-    """
-
-    stream_bounds: tuple[int, ...]
-    block_rows: int
-    chunk_rows: int
-    stored_chunk_bytes: int
-    stride: int
-    window_length: int
-    coalesce_gap_bytes: int = DEFAULT_COALESCE_GAP
-    max_coalesced_bytes: int = DEFAULT_MAX_COALESCED_BYTES
-    _bounds: np.ndarray = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        bounds = np.asarray(self.stream_bounds, dtype=np.int64)
-        if bounds.ndim != 1 or bounds.size < 2 or bounds[0] != 0 or (np.diff(bounds) < 0).any():
-            raise LoaderConfigError(
-                "WindowGeometry stream_bounds must start at 0 and never decrease, got "
-                f"{self.stream_bounds!r}"
-            )
-        for name in ("block_rows", "chunk_rows", "stored_chunk_bytes", "stride"):
-            _check_int("WindowGeometry", name, getattr(self, name), 1)
-        _check_int("WindowGeometry", "window_length", self.window_length, 1)
-        _check_int("WindowGeometry", "coalesce_gap_bytes", self.coalesce_gap_bytes, 0)
-        _check_int("WindowGeometry", "max_coalesced_bytes", self.max_coalesced_bytes, 1)
-        if self.block_rows % self.chunk_rows:
-            raise LoaderConfigError(
-                f"WindowGeometry block_rows={self.block_rows} is not a multiple of "
-                f"chunk_rows={self.chunk_rows}"
-            )
-        object.__setattr__(self, "stream_bounds", tuple(int(b) for b in bounds))
-        object.__setattr__(self, "_bounds", bounds)
-
-    @property
-    def total_length(self) -> int:
-        """Elements in the stream."""
-        return int(self._bounds[-1])
-
-    @property
-    def num_windows(self) -> int:
-        """Windows of the stream (as ``StreamDataset`` counts them)."""
-        if self.total_length < self.window_length:
-            return 0
-        return (self.total_length - self.window_length) // self.stride + 1
-
-    @property
-    def block_bytes(self) -> int:
-        """Stored bytes of a whole block's chunks."""
-        return self.block_rows // self.chunk_rows * self.stored_chunk_bytes
-
-    def ranges(self, windows: npt.ArrayLike) -> np.ndarray:
-        """Range requests that one read of ``windows`` (together) makes.
-
-        Returns
-        -------
-        numpy.ndarray
-            ``int64`` rows ``(shard, block, first byte, end byte)`` of the coalesced
-            requests, in storage order; its length is the request count.
-        """
-        indexes = np.unique(np.asarray(windows, dtype=np.int64).reshape(-1))
-        if indexes.size and (indexes[0] < 0 or indexes[-1] >= self.num_windows):
-            raise OutOfRangeError(
-                f"windows must lie in [0, {self.num_windows}) for {self!r}, found "
-                f"[{indexes[0]}, {indexes[-1]}]"
-            )
-        start = indexes * self.stride
-        stop = start + self.window_length
-        pieces: list[np.ndarray] = []
-        bounds = self._bounds
-        while start.size:
-            shard = np.searchsorted(bounds, start, side="right") - 1
-            local = start - bounds[shard]
-            block = local // self.block_rows
-            block_end = np.minimum(bounds[shard] + (block + 1) * self.block_rows, bounds[shard + 1])
-            end = np.minimum(stop, block_end)
-            low = local - block * self.block_rows
-            high = end - bounds[shard] - block * self.block_rows
-            first_chunk = low // self.chunk_rows
-            end_chunk = -(-high // self.chunk_rows)
-            pieces.append(np.stack([shard, block, first_chunk, end_chunk], axis=1))
-            more = end < stop
-            start, stop = end[more], stop[more]
-        if not pieces:
-            return np.zeros((0, 4), dtype=np.int64)
-        rows = np.concatenate(pieces)
-        rows = rows[np.lexsort((rows[:, 2], rows[:, 1], rows[:, 0]))]
-        stored = self.stored_chunk_bytes
-        merged: list[list[int]] = []
-        for shard, block, first, end in rows.tolist():
-            if merged:
-                last = merged[-1]
-                if (
-                    last[0] == shard
-                    and last[1] == block
-                    and first * stored <= last[3] + self.coalesce_gap_bytes
-                    and max(last[3], end * stored) - last[2] <= self.max_coalesced_bytes
-                ):
-                    last[3] = max(last[3], end * stored)
-                    continue
-            merged.append([shard, block, first * stored, end * stored])
-        return np.asarray(merged, dtype=np.int64).reshape(-1, 4)
-
-    def requests(self, windows: npt.ArrayLike) -> int:
-        """Range requests one read of ``windows`` makes (see :meth:`ranges`)."""
-        return int(self.ranges(windows).shape[0])
-
-
-def run_windows_for(geometry: WindowGeometry, run_bytes: int = DEFAULT_RUN_BYTES) -> int:
-    """Windows per run so that a run covers about ``run_bytes`` of stored blocks.
-
-    A run spans ``R * stride`` elements; the result is the largest ``R`` whose span stays
-    within ``run_bytes`` worth of elements (at least 1).
-    """
-    rows = run_bytes * geometry.chunk_rows // geometry.stored_chunk_bytes
-    return max(1, rows // geometry.stride)
-
-
 def buffer_runs_for(
     num_windows: int, run_windows: int, readers: int, *, most: int = DEFAULT_BUFFER_RUNS
 ) -> int:
@@ -289,357 +153,10 @@ def buffer_runs_for(
     and negligible for large ones. Choose it once, when an epoch order is first made, and
     keep it (it defines the order) when the world size changes.
     """
-    _check_int("buffer_runs_for", "readers", readers, 1)
-    _check_int("buffer_runs_for", "run_windows", run_windows, 1)
+    check_count("buffer_runs_for", "readers", readers, 1)
+    check_count("buffer_runs_for", "run_windows", run_windows, 1)
     share = num_windows // (readers * run_windows)
     return max(1, min(most, share))
-
-
-# -- position: phases of an epoch -----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Phase:
-    """Steps taken in an epoch with one setting of ranks, batch size and workers.
-
-    Parameters
-    ----------
-    world_size, batch_size, num_workers : int
-        The setting (``num_workers`` counts DataLoader workers per rank; 0 means 1).
-    drop_last : bool
-        End-of-epoch policy of this phase.
-    steps : int, default 0
-        Steps every rank took in this phase.
-    """
-
-    world_size: int
-    batch_size: int
-    num_workers: int
-    drop_last: bool
-    steps: int = 0
-
-    def __post_init__(self) -> None:
-        _check_int("Phase", "world_size", self.world_size, 1)
-        _check_int("Phase", "batch_size", self.batch_size, 1)
-        _check_int("Phase", "num_workers", self.num_workers, 0)
-        _check_int("Phase", "steps", self.steps, 0)
-        object.__setattr__(self, "num_workers", max(1, int(self.num_workers)))
-        object.__setattr__(self, "drop_last", bool(self.drop_last))
-
-    @property
-    def global_batch_size(self) -> int:
-        """Windows one step consumes over all ranks."""
-        return self.world_size * self.batch_size
-
-    def same_setting(self, other: Phase) -> bool:
-        """Whether ``other`` continues this phase (everything equal but the steps)."""
-        return (self.world_size, self.batch_size, self.num_workers, self.drop_last) == (
-            other.world_size,
-            other.batch_size,
-            other.num_workers,
-            other.drop_last,
-        )
-
-
-@dataclass(frozen=True)
-class EpochPosition:
-    """Where an epoch stands: the phases played so far, the last one current.
-
-    Plain integers throughout (:meth:`state_dict`), so it is saved in any checkpoint.
-    ``consumed_samples`` (the loader's counter) is the sum over phases of steps times the
-    global batch size.
-    """
-
-    phases: tuple[Phase, ...]
-
-    def __post_init__(self) -> None:
-        if not self.phases:
-            raise StateError("EpochPosition needs at least one phase")
-        object.__setattr__(self, "phases", tuple(self.phases))
-
-    @classmethod
-    def start(
-        cls, *, world_size: int, batch_size: int, num_workers: int, drop_last: bool = True
-    ) -> EpochPosition:
-        """The start of an epoch played with one setting."""
-        return cls((Phase(world_size, batch_size, num_workers, drop_last),))
-
-    @property
-    def phase(self) -> Phase:
-        """The current phase."""
-        return self.phases[-1]
-
-    @property
-    def consumed_samples(self) -> int:
-        """Windows consumed by all ranks together (padding included)."""
-        return sum(phase.steps * phase.global_batch_size for phase in self.phases)
-
-    def advance(self, steps: int = 1) -> EpochPosition:
-        """The position after ``steps`` more steps of the current phase."""
-        steps = _check_int("EpochPosition", "steps", steps, 0)
-        last = self.phase
-        moved = Phase(last.world_size, last.batch_size, last.num_workers, last.drop_last,
-                      last.steps + steps)  # fmt: skip
-        return EpochPosition((*self.phases[:-1], moved))
-
-    def resume(
-        self, *, world_size: int, batch_size: int, num_workers: int, drop_last: bool
-    ) -> EpochPosition:
-        """The position to continue from with a (possibly) new setting.
-
-        The same setting continues the current phase, so the order is the one an
-        uninterrupted run would have seen. Another setting starts a new phase over what
-        remains; a current phase without steps is simply replaced.
-        """
-        wanted = Phase(world_size, batch_size, num_workers, drop_last)
-        if wanted.same_setting(self.phase):
-            return self
-        if self.phase.steps == 0:
-            return EpochPosition((*self.phases[:-1], wanted))
-        return EpochPosition((*self.phases, wanted))
-
-    def state_dict(self) -> dict[str, list[list[int]]]:
-        """``{"phases": [[world_size, batch_size, num_workers, drop_last, steps], ...]}``."""
-        return {
-            "phases": [
-                [p.world_size, p.batch_size, p.num_workers, int(p.drop_last), p.steps]
-                for p in self.phases
-            ]
-        }
-
-    @classmethod
-    def from_state_dict(cls, state: dict[str, Any]) -> EpochPosition:
-        """Inverse of :meth:`state_dict`."""
-        try:
-            rows = state["phases"]
-            phases = tuple(
-                Phase(int(w), int(b), int(nw), bool(int(drop)), int(steps))
-                for w, b, nw, drop, steps in rows
-            )
-        except (KeyError, TypeError, ValueError) as error:
-            raise StateError(f"malformed EpochPosition state {state!r}: {error}") from error
-        return cls(phases)
-
-
-# -- what a worker reads ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RunRead:
-    """Windows read together from one run (one ``read_many`` call).
-
-    ``start`` and ``stop`` bound the run (``[start, stop)`` window indices); ``windows``
-    are the ones needed, sorted and distinct: all of the run (:attr:`whole`) except where a
-    region boundary cuts a buffer. Read :attr:`request_windows` with one ``read_many``.
-    ``first_use`` is the index in the
-    group's ``windows`` of the first window that needs this read: a group's reads are
-    listed by it, so a worker that issues them in order can hand out each step as soon as
-    the reads up to that step's windows have arrived.
-    """
-
-    start: int
-    stop: int
-    windows: np.ndarray
-    first_use: int = 0
-
-    @property
-    def whole(self) -> bool:
-        """Whether every window of the run is needed."""
-        return len(self.windows) == self.stop - self.start
-
-    @property
-    def span(self) -> range:
-        """From the first needed window to the last, gaps included: one range request per
-        block it touches, at most one run's bytes."""
-        return range(int(self.windows[0]), int(self.windows[-1]) + 1)
-
-    @property
-    def request_windows(self) -> range | np.ndarray:
-        """What to read: the :attr:`span` unless the needed windows fill less than
-        :data:`SPAN_MIN_FILL` of it, then the needed windows alone.
-
-        A partial run's needed windows are a random subset of it: read apart, every gap
-        wider than the range reader's coalescing gap costs a request, and a range request
-        costs the server about as much as a few MiB of transfer (``docs/design.md``). A
-        sparse subset (a reader whose region is a sliver of a buffer) is read window by
-        window instead, as the per-window shuffle reads, so bytes stay bounded.
-        """
-        span = self.span
-        if len(self.windows) >= len(span) * SPAN_MIN_FILL:
-            return span
-        return self.windows
-
-
-@dataclass(frozen=True)
-class ReadGroup:
-    """Reads a worker makes together, and where their windows go.
-
-    ``windows[k]`` fills slot ``slots[k]`` of this rank's step ``steps[k]``; ``windows`` is
-    in emission order (steps ascending). ``reads`` cover exactly the distinct windows of
-    ``windows``. A batch may take windows from two consecutive groups. ``buffer`` is the
-    block shuffle's buffer (``None`` for the per-window orders).
-    """
-
-    reads: tuple[RunRead, ...]
-    windows: np.ndarray
-    steps: np.ndarray
-    slots: np.ndarray
-    buffer: int | None = None
-
-
-class WorkerPlan:
-    """The remaining reads and steps of one DataLoader worker of one rank.
-
-    Made by :meth:`BlockShuffle.worker_plan` or :meth:`WindowShuffle.worker_plan`;
-    :meth:`groups` is lazy, so memory stays at one group whatever the epoch's size.
-    """
-
-    def __init__(
-        self,
-        *,
-        steps: np.ndarray,
-        batch_size: int,
-        groups: Iterator[ReadGroup],
-        num_steps: int,
-    ) -> None:
-        self.steps = steps
-        self.batch_size = batch_size
-        self.num_steps = num_steps
-        self._groups = groups
-
-    def groups(self) -> Iterator[ReadGroup]:
-        """Read groups in the order the worker needs them (single use)."""
-        return self._groups
-
-    def batches(self) -> Iterator[tuple[int, np.ndarray]]:
-        """``(step, windows)`` for each remaining step of this worker, in order."""
-        size = self.batch_size
-        pending: dict[int, np.ndarray] = {}
-        filled: dict[int, int] = {}
-        order = iter(self.steps.tolist())
-        next_step = next(order, None)
-        for group in self._groups:
-            for step, slot, window in zip(
-                group.steps.tolist(), group.slots.tolist(), group.windows.tolist(), strict=True
-            ):
-                batch = pending.setdefault(step, np.empty(size, dtype=np.int64))
-                batch[slot] = window
-                filled[step] = filled.get(step, 0) + 1
-            while next_step is not None and filled.get(next_step) == size:
-                del filled[next_step]
-                yield next_step, pending.pop(next_step)
-                next_step = next(order, None)
-        if next_step is not None or pending:
-            raise StateError(f"plan ended before step {next_step} was complete")
-
-
-def _check_worker(rank: int, world_size: int, worker_id: int, num_workers: int) -> None:
-    if not 0 <= rank < world_size:
-        raise LoaderConfigError(f"rank must lie in [0, world_size={world_size}), got {rank!r}")
-    if not 0 <= worker_id < num_workers:
-        raise LoaderConfigError(
-            f"worker_id must lie in [0, num_workers={num_workers}), got {worker_id!r}"
-        )
-
-
-# -- the per-window orders: today's shuffle and storage order ---------------------------------
-
-
-@dataclass(frozen=True)
-class WindowShuffle:
-    """Today's orders through the plan interface: a global per-window shuffle, or none.
-
-    The epoch is one world-independent sequence (see :mod:`rangestream.loader.plan`) and
-    the position is ``consumed_samples`` alone, so phases change nothing but that count.
-    Each shuffled window is its own read (one range request each, unless two windows of a
-    step happen to be neighbours); in storage order a worker's run of steps is one read.
-
-    Parameters
-    ----------
-    num_windows : int
-        Windows in the dataset.
-    seed : int
-        Shuffle seed.
-    shuffle : bool, default True
-        ``False`` keeps storage order.
-    """
-
-    num_windows: int
-    seed: int
-    shuffle: bool = True
-
-    def __post_init__(self) -> None:
-        _check_int("WindowShuffle", "num_windows", self.num_windows, 0)
-
-    def worker_plan(
-        self,
-        epoch: int,
-        position: EpochPosition,
-        *,
-        rank: int,
-        worker_id: int,
-        run_steps: int = 1,
-    ) -> WorkerPlan:
-        """The remaining steps of ``worker_id`` of ``rank`` under ``position``'s phase.
-
-        ``run_steps`` consecutive steps are built by one worker in turn (see
-        :meth:`EpochPlan.worker_runs`); with more than one, the consumer re-sorts batches.
-        """
-        phase = position.phase
-        _check_worker(rank, phase.world_size, worker_id, phase.num_workers)
-        plan = EpochPlan(
-            num_samples=self.num_windows,
-            batch_size=phase.batch_size,
-            world_size=phase.world_size,
-            rank=rank,
-            drop_last=phase.drop_last,
-            consumed_samples=position.consumed_samples,
-        )
-        runs = list(plan.worker_runs(worker_id, phase.num_workers, run_steps))
-        steps = (
-            np.concatenate([np.arange(r.start, r.stop, dtype=np.int64) for r in runs])
-            if runs
-            else np.zeros(0, dtype=np.int64)
-        )
-        permutation = (
-            Permutation(self.num_windows, self.seed, epoch)
-            if self.shuffle and self.num_windows
-            else None
-        )
-
-        def groups() -> Iterator[ReadGroup]:
-            size = phase.batch_size
-            for run in runs:
-                run_steps_array = np.arange(run.start, run.stop, dtype=np.int64)
-                indices = plan.sequence_indices(run_steps_array).reshape(-1)
-                windows = indices if permutation is None else permutation(indices)
-                distinct, first_use = np.unique(windows, return_index=True)
-                if permutation is None:  # contiguous pieces of storage order
-                    cuts = np.flatnonzero(np.diff(distinct) != 1) + 1
-                    reads = [
-                        RunRead(int(p[0]), int(p[-1]) + 1, p, int(first.min()))
-                        for p, first in zip(
-                            np.split(distinct, cuts), np.split(first_use, cuts), strict=True
-                        )
-                    ]
-                else:  # every window its own read
-                    reads = [
-                        RunRead(w, w + 1, np.array([w]), first)
-                        for w, first in zip(distinct.tolist(), first_use.tolist(), strict=True)
-                    ]
-                yield ReadGroup(
-                    reads=tuple(sorted(reads, key=lambda read: read.first_use)),
-                    windows=windows,
-                    steps=np.repeat(run_steps_array, size),
-                    slots=np.tile(np.arange(size, dtype=np.int64), len(run)),
-                )
-
-        return WorkerPlan(
-            steps=steps, batch_size=phase.batch_size, groups=groups(), num_steps=plan.num_steps
-        )
-
-
-# -- the block shuffle ------------------------------------------------------------------------
 
 
 class _EpochOrder:
@@ -701,84 +218,6 @@ class _EpochOrder:
         return runs[slots // self.r] * self.r + slots % self.r
 
 
-class _PhaseLayout:
-    """One phase's cut of the remaining order ``V`` into rank and worker regions."""
-
-    def __init__(self, n: int, starts: np.ndarray, stops: np.ndarray, phase: Phase) -> None:
-        self.n = n
-        self.starts, self.stops = starts, stops
-        lengths = stops - starts
-        self.cumulative = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        self.remaining = int(self.cumulative[-1])
-        self.phase = phase
-        size = phase.global_batch_size
-        if self.remaining == 0:
-            self.num_steps = 0
-        elif phase.drop_last:
-            self.num_steps = self.remaining // size
-        else:
-            self.num_steps = -(-self.remaining // size)
-        workers = phase.num_workers
-        self.worker_steps = [(self.num_steps - w + workers - 1) // workers for w in range(workers)]
-        self.worker_offsets = np.concatenate([[0], np.cumsum(self.worker_steps)]).tolist()
-
-    def region(self, rank: int, worker: int) -> tuple[int, int]:
-        """``V`` positions ``[start, stop)`` of a reader's region (may pass ``remaining``)."""
-        b = self.phase.batch_size
-        base = rank * self.num_steps * b
-        return (
-            base + b * self.worker_offsets[worker],
-            base + b * self.worker_offsets[worker + 1],
-        )
-
-    def consumed(self, worker: int, steps: int) -> int:
-        """Windows of its region a worker consumed in the first ``steps`` steps."""
-        workers = self.phase.num_workers
-        return (steps - worker + workers - 1) // workers * self.phase.batch_size
-
-    def order_positions(self, v_start: int, v_stop: int) -> Iterator[tuple[int, int]]:
-        """``Q`` intervals of ``V`` positions ``[v_start, v_stop)``, padding wrapped."""
-        v = v_start
-        while v < v_stop:
-            if v < self.remaining:
-                part = int(np.searchsorted(self.cumulative, v, side="right")) - 1
-                end = min(v_stop, int(self.cumulative[part + 1]))
-                q = int(self.starts[part]) + v - int(self.cumulative[part])
-                yield q, q + end - v
-            else:  # padding: the start of the epoch's order again
-                q = (v - self.remaining) % self.n
-                end = min(v_stop, v + self.n - q)
-                yield q, q + end - v
-            v = end
-
-    def remaining_after(self, steps: int) -> tuple[np.ndarray, np.ndarray]:
-        """``Q`` intervals that remain after ``steps`` steps of every rank, sorted, merged."""
-        if steps > self.num_steps:
-            raise StateError(
-                f"phase {self.phase} took {steps} steps but has only {self.num_steps} over "
-                f"{self.remaining} remaining windows"
-            )
-        pieces: list[tuple[int, int]] = []
-        phase = self.phase
-        for rank in range(phase.world_size):
-            for worker in range(phase.num_workers):
-                start, stop = self.region(rank, worker)
-                start += self.consumed(worker, steps)
-                pieces.extend(self.order_positions(start, min(stop, self.remaining)))
-        tail = self.num_steps * phase.global_batch_size
-        if tail < self.remaining:
-            pieces.extend(self.order_positions(tail, self.remaining))
-        pieces = sorted(piece for piece in pieces if piece[1] > piece[0])
-        merged: list[list[int]] = []
-        for low, high in pieces:
-            if merged and merged[-1][1] == low:
-                merged[-1][1] = high
-            else:
-                merged.append([low, high])
-        array = np.asarray(merged, dtype=np.int64).reshape(-1, 2)
-        return array[:, 0].copy(), array[:, 1].copy()
-
-
 @dataclass(frozen=True)
 class BlockShuffle:
     """The block shuffle: runs of windows read whole, mixed within buffers of runs.
@@ -809,13 +248,13 @@ class BlockShuffle:
     buffer_runs: int = DEFAULT_BUFFER_RUNS
 
     def __post_init__(self) -> None:
-        _check_int("BlockShuffle", "num_windows", self.num_windows, 0)
-        _check_int("BlockShuffle", "run_windows", self.run_windows, 1)
-        _check_int("BlockShuffle", "buffer_runs", self.buffer_runs, 1)
+        check_count("BlockShuffle", "num_windows", self.num_windows, 0)
+        check_count("BlockShuffle", "run_windows", self.run_windows, 1)
+        check_count("BlockShuffle", "buffer_runs", self.buffer_runs, 1)
 
     def order(self, epoch: int) -> _EpochOrder:
         """The epoch's world-independent order ``Q`` (for inspection and tests)."""
-        return _EpochOrder(self, _check_int("BlockShuffle", "epoch", epoch, 0))
+        return _EpochOrder(self, check_count("BlockShuffle", "epoch", epoch, 0))
 
     def window_at(self, epoch: int, positions: npt.ArrayLike) -> np.ndarray:
         """Windows at ``positions`` of the epoch's order ``Q``, O(1) per position."""
@@ -837,22 +276,9 @@ class BlockShuffle:
             target[chosen] = order.windows(buffer, offsets)
         return out
 
-    def _layout(self, position: EpochPosition) -> tuple[_PhaseLayout, int]:
+    def _layout(self, position: EpochPosition) -> tuple[PhaseLayout, int]:
         """The current phase's layout (earlier phases replayed) and its steps taken."""
-        starts = np.array([0], dtype=np.int64)
-        stops = np.array([self.num_windows], dtype=np.int64)
-        if self.num_windows == 0:
-            starts = stops = np.zeros(0, dtype=np.int64)
-        for phase in position.phases[:-1]:
-            layout = _PhaseLayout(self.num_windows, starts, stops, phase)
-            starts, stops = layout.remaining_after(phase.steps)
-        layout = _PhaseLayout(self.num_windows, starts, stops, position.phase)
-        if position.phase.steps > layout.num_steps:
-            raise StateError(
-                f"{position.phase} took more steps than its {layout.num_steps} for "
-                f"{layout.remaining} remaining windows of {self!r}"
-            )
-        return layout, position.phase.steps
+        return phase_layout(self.num_windows, position, owner=repr(self))
 
     def remaining(self, position: EpochPosition) -> list[tuple[int, int]]:
         """Intervals of ``Q`` not consumed at ``position`` (drop_last tails included)."""
@@ -880,7 +306,7 @@ class BlockShuffle:
             The reader.
         """
         phase = position.phase
-        _check_worker(rank, phase.world_size, worker_id, phase.num_workers)
+        check_worker(rank, phase.world_size, worker_id, phase.num_workers)
         layout, done = self._layout(position)
         # Steps are numbered from the first remaining one, as the loader counts them, and
         # worker w builds steps w, w + NW, ... (the DataLoader's round robin); after a
@@ -901,7 +327,7 @@ class BlockShuffle:
     def _groups(
         self,
         order: _EpochOrder | None,
-        layout: _PhaseLayout,
+        layout: PhaseLayout,
         v_start: int,
         v_stop: int,
         steps: np.ndarray,
@@ -944,6 +370,23 @@ class BlockShuffle:
                 q = end
         if pieces and current is not None:
             yield flush(current, [w for _, w in pieces], emitted)
+
+    def segments(
+        self, epoch: int, start: int, stop: int
+    ) -> Iterator[tuple[np.ndarray, tuple[RunRead, ...]]]:
+        """Windows at positions ``[start, stop)`` of the epoch's order, buffer by buffer,
+        with the run reads that cover them (listed by first use)."""
+        if start >= stop:
+            return
+        order = self.order(epoch)
+        q = start
+        while q < stop:
+            buffer = int(order.buffer_of(q))
+            buffer_start = order.buffer_start(buffer)
+            end = min(stop, buffer_start + order.buffer_size(buffer))
+            windows = order.windows(buffer, np.arange(q - buffer_start, end - buffer_start))
+            yield windows, self._run_reads(windows)
+            q = end
 
     def _run_reads(self, windows: np.ndarray) -> tuple[RunRead, ...]:
         r = self.run_windows

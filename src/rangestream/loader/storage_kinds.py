@@ -1,4 +1,4 @@
-"""Which iterable dataset serves which kind of storage.
+"""Which sample source serves which kind of storage.
 
 ``StatefulDataLoader.from_storage`` dispatches on ``storage.kind``, a string attribute every
 storage class carries:
@@ -12,23 +12,25 @@ storage class carries:
 
 Duck typing on one attribute keeps this layer free of imports from ``storage/`` (data flows
 loader -> dataset -> storage, and the loader needs only the dataset classes). A new storage
-kind registers a builder with :func:`register_storage_kind`.
+kind registers a builder with :func:`register_storage_kind`: a function from the storage and
+its :class:`SourceOptions` to a :class:`~rangestream.loader.sources.SampleSource`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from rangestream.errors import LoaderConfigError
-from rangestream.loader.iterable import BatchIterableDataset, Collate, IndexedBatchDataset
-from rangestream.loader.temporal import TemporalBatchDataset
+from rangestream.loader.sources import IndexedSource, SampleSource, shuffle_mode
+from rangestream.loader.temporal import TemporalWindowSource
 
 __all__ = [
-    "DatasetBuilder",
-    "LoaderOptions",
-    "build_dataset",
+    "SourceBuilder",
+    "SourceOptions",
+    "build_source",
+    "default_shuffle",
     "register_storage_kind",
     "registered_kinds",
     "storage_kind",
@@ -36,29 +38,39 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class LoaderOptions:
-    """Every dataset-side option of ``StatefulDataLoader.from_storage``, for builders."""
+class SourceOptions:
+    """What is read from one storage, and in which order (the sample side of
+    ``from_storage``; the batch side is :class:`~rangestream.loader.options.BatchOptions`).
 
-    sequence_length: int | None
-    batch_size: int
-    rank: int | None
-    world_size: int | None
-    shuffle: bool
-    shuffle_seed: int
-    drop_last: bool
-    prefetch: int | None
-    stride: int | None
-    next_token: bool
-    fields: Sequence[str] | None
-    samples_per_epoch: int | None
-    collate_fn: Collate | None
+    ``shuffle=None`` takes the storage's default (:func:`default_shuffle`); options that a
+    kind does not use must be left unset (``None`` or ``False``) or its builder refuses
+    them.
+    """
+
+    sequence_length: int | None = None
+    shuffle: str | bool | None = None
+    seed: int = 0
+    stride: int | None = None
+    next_token: bool = False
+    fields: Sequence[str] | None = None
+    samples_per_epoch: int | None = None
+    run_windows: int | None = None
+    buffer_runs: int | None = None
+
+    def with_values(self, values: dict[str, Any]) -> SourceOptions:
+        """These options with ``values`` replacing some (names checked)."""
+        known = {item.name for item in fields(self)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise LoaderConfigError(f"unknown source option(s) {unknown}; known {sorted(known)}")
+        return replace(self, **values)
 
 
-DatasetBuilder = Callable[[Any, LoaderOptions], BatchIterableDataset]
-_BUILDERS: dict[str, DatasetBuilder] = {}
+SourceBuilder = Callable[[Any, SourceOptions], SampleSource]
+_BUILDERS: dict[str, SourceBuilder] = {}
 
 
-def register_storage_kind(kind: str, builder: DatasetBuilder, *, replace: bool = False) -> None:
+def register_storage_kind(kind: str, builder: SourceBuilder, *, replace: bool = False) -> None:
     """Serve storages whose ``kind`` attribute equals ``kind`` with ``builder``.
 
     Parameters
@@ -66,7 +78,7 @@ def register_storage_kind(kind: str, builder: DatasetBuilder, *, replace: bool =
     kind : str
         Value of the storage's ``kind`` attribute.
     builder : callable
-        ``builder(storage, options) -> BatchIterableDataset``; must raise
+        ``builder(storage, options) -> SampleSource``; must raise
         :class:`~rangestream.errors.LoaderConfigError` for options that do not apply.
     replace : bool, default False
         Allow replacing an existing registration (otherwise an error, to catch clashes).
@@ -92,9 +104,21 @@ def storage_kind(storage: Any) -> str:
     return str(kind)
 
 
-def build_dataset(storage: Any, options: LoaderOptions) -> BatchIterableDataset:
-    """Build the iterable dataset for ``storage`` according to its kind."""
+def build_source(storage: Any, options: SourceOptions) -> SampleSource:
+    """The sample source for ``storage`` according to its kind."""
     return _BUILDERS[storage_kind(storage)](storage, options)
+
+
+def default_shuffle(storage: Any) -> str:
+    """The shuffle a storage gets by default: ``"window"`` on local disk, else ``"block"``.
+
+    Over object storage a per-window shuffle costs one billed range request per window and
+    the server's request rate caps the loader; the block shuffle reads runs of about 4 MiB
+    (``docs/design.md``, "The loader's shuffles and mixtures"). On local disk a random
+    window is a page-cache copy, and the per-window shuffle's batches are as mixed as an
+    ideal shuffle's.
+    """
+    return "window" if getattr(storage, "is_local", False) else "block"
 
 
 def _reject(kind: str, **given: object) -> None:
@@ -103,28 +127,24 @@ def _reject(kind: str, **given: object) -> None:
         raise LoaderConfigError(f"{', '.join(unused)} do(es) not apply to {kind!r} storage")
 
 
-def _require_length(kind: str, options: LoaderOptions, meaning: str) -> int:
+def _require_length(kind: str, options: SourceOptions, meaning: str) -> int:
     if options.sequence_length is None:
         raise LoaderConfigError(f"{kind!r} storage needs sequence_length ({meaning})")
     return options.sequence_length
 
 
-def _indexed(dataset: Any, options: LoaderOptions) -> IndexedBatchDataset:
-    return IndexedBatchDataset(
+def _indexed(dataset: Any, options: SourceOptions, shuffle: str | bool) -> IndexedSource:
+    return IndexedSource(
         dataset,
-        batch_size=options.batch_size,
-        shuffle=options.shuffle,
-        seed=options.shuffle_seed,
-        rank=options.rank,
-        world_size=options.world_size,
-        drop_last=options.drop_last,
-        prefetch=options.prefetch,
-        collate_fn=options.collate_fn,
+        shuffle=shuffle,
+        seed=options.seed,
+        run_windows=options.run_windows,
+        buffer_runs=options.buffer_runs,
     )
 
 
-def _stream_builder(kind: str) -> DatasetBuilder:
-    def build(storage: Any, options: LoaderOptions) -> BatchIterableDataset:
+def _stream_builder(kind: str) -> SourceBuilder:
+    def build(storage: Any, options: SourceOptions) -> SampleSource:
         _reject(kind, fields=options.fields, samples_per_epoch=options.samples_per_epoch)
         length = _require_length(kind, options, "elements per window")
         from rangestream.dataset import StreamDataset
@@ -132,12 +152,13 @@ def _stream_builder(kind: str) -> DatasetBuilder:
         windows = StreamDataset(
             storage, length, stride=options.stride, next_token=options.next_token
         )
-        return _indexed(windows, options)
+        shuffle = default_shuffle(storage) if options.shuffle is None else options.shuffle
+        return _indexed(windows, options, shuffle)
 
     return build
 
 
-def _document_builder(storage: Any, options: LoaderOptions) -> BatchIterableDataset:
+def _document_builder(storage: Any, options: SourceOptions) -> SampleSource:
     _reject(
         "document",
         sequence_length=options.sequence_length,
@@ -146,30 +167,37 @@ def _document_builder(storage: Any, options: LoaderOptions) -> BatchIterableData
         fields=options.fields,
         samples_per_epoch=options.samples_per_epoch,
     )
+    if options.shuffle == "block":
+        raise LoaderConfigError(
+            "'document' storage has documents of many sizes; shuffle='block' needs windows "
+            "of one size: use shuffle='window' (the default) or False"
+        )
     from rangestream.dataset import DocumentDataset
 
-    return _indexed(DocumentDataset(storage), options)
+    shuffle = "window" if options.shuffle is None else options.shuffle
+    return _indexed(DocumentDataset(storage), options, shuffle)
 
 
-def _temporal_builder(storage: Any, options: LoaderOptions) -> BatchIterableDataset:
-    _reject("temporal", stride=options.stride, next_token=options.next_token)
-    if not options.shuffle:
+def _temporal_builder(storage: Any, options: SourceOptions) -> SampleSource:
+    _reject(
+        "temporal",
+        stride=options.stride,
+        next_token=options.next_token,
+        run_windows=options.run_windows,
+        buffer_runs=options.buffer_runs,
+    )
+    if options.shuffle is not None and shuffle_mode(options.shuffle) != "window":
         raise LoaderConfigError(
-            "'temporal' storage draws windows at random; shuffle=False has no meaning there"
+            "'temporal' storage draws windows at random; shuffle=False or 'block' has no "
+            "meaning there"
         )
     frames = _require_length("temporal", options, "frames per window")
-    return TemporalBatchDataset(
+    return TemporalWindowSource(
         storage,
         frames,
         fields=options.fields,
-        batch_size=options.batch_size,
-        seed=options.shuffle_seed,
-        rank=options.rank,
-        world_size=options.world_size,
+        seed=options.seed,
         samples_per_epoch=options.samples_per_epoch,
-        drop_last=options.drop_last,
-        prefetch=options.prefetch,
-        collate_fn=options.collate_fn,
     )
 
 

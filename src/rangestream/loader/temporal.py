@@ -11,19 +11,20 @@ resuming means nothing more than restarting the counter at ``consumed_samples``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import Callable, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from typing import Any, Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
+from rangestream.arguments import positive_integer
 from rangestream.errors import LoaderConfigError
-from rangestream.loader.iterable import DEFAULT_PREFETCH, BatchIterableDataset, Collate
 from rangestream.loader.permutation import keyed_hash
 
-__all__ = ["TemporalBatchDataset", "TemporalStorage", "WindowSampler"]
+__all__ = ["TemporalStorage", "TemporalWindowSource", "WindowSampler"]
 
 Sampling = Literal["record", "window"]
 _RECORD_STREAM = 1
@@ -39,6 +40,11 @@ class TemporalStorage(Protocol):
     async def aread_window(
         self, record: int, start: int, frames: int, fields: Sequence[str] | None = None
     ) -> Any: ...
+
+
+def _check_sampling(sampling: object) -> None:
+    if sampling not in ("record", "window"):
+        raise LoaderConfigError(f"sampling must be 'record' or 'window', got {sampling!r}")
 
 
 class WindowSampler:
@@ -59,10 +65,8 @@ class WindowSampler:
     def __init__(
         self, frame_counts: npt.ArrayLike, frames: int, *, sampling: Sampling = "record"
     ) -> None:
-        if isinstance(frames, bool) or int(frames) != frames or frames < 1:
-            raise LoaderConfigError(f"frames must be a positive integer, got {frames!r}")
-        if sampling not in ("record", "window"):
-            raise LoaderConfigError(f"sampling must be 'record' or 'window', got {sampling!r}")
+        frames = positive_integer(frames, "frames", error=LoaderConfigError)
+        _check_sampling(sampling)
         counts = np.asarray(frame_counts, dtype=np.int64).reshape(-1)
         self.frames = int(frames)
         self.sampling: Sampling = sampling
@@ -115,35 +119,25 @@ class WindowSampler:
         return self.eligible[chosen], starts.astype(np.int64)
 
 
-class TemporalBatchDataset(BatchIterableDataset):
-    """Batches of random frame windows from temporal records, resumable and sharded.
+class TemporalWindowSource:
+    """Random frame windows of temporal records, as a :class:`SampleSource`.
 
     Parameters
     ----------
     storage : TemporalStorage
         Picklable storage with ``frame_counts`` and ``aread_window``; its first use in a
-        worker must happen in that worker (the loader only calls it there).
+        worker happens in that worker (the loader only calls it there).
     frames : int
         Window length in frames.
     fields : sequence of str, optional
         Fields to read; all when omitted.
-    batch_size : int, default 8
-        Windows per batch on each rank.
     seed : int, default 0
-        Sampling seed; must be equal on every rank.
-    rank, world_size : int or None
-        This rank and the number of ranks; ``None`` reads ``torch.distributed``.
+        Sampling seed; equal on every rank.
     samples_per_epoch : int, optional
         Windows drawn per epoch (across all ranks); defaults to the number of eligible
         records.
     sampling : {"record", "window"}, default "record"
         See :class:`WindowSampler`.
-    drop_last : bool, default True
-        End-of-epoch policy, as for :class:`IndexedBatchDataset`.
-    prefetch : int, default :data:`DEFAULT_PREFETCH`
-        Window reads in flight per worker.
-    collate_fn : callable, optional
-        Defaults to :func:`rangestream.loader.stack_collate`.
     """
 
     def __init__(
@@ -152,43 +146,25 @@ class TemporalBatchDataset(BatchIterableDataset):
         frames: int,
         *,
         fields: Sequence[str] | None = None,
-        batch_size: int = 8,
         seed: int = 0,
-        rank: int | None = None,
-        world_size: int | None = None,
         samples_per_epoch: int | None = None,
         sampling: Sampling = "record",
-        drop_last: bool = True,
-        prefetch: int = DEFAULT_PREFETCH,
-        collate_fn: Collate | None = None,
     ) -> None:
-        super().__init__(
-            batch_size=batch_size,
-            seed=seed,
-            rank=rank,
-            world_size=world_size,
-            drop_last=drop_last,
-            prefetch=prefetch,
-            collate_fn=collate_fn,
-        )
-        if isinstance(frames, bool) or int(frames) != frames or frames < 1:
-            raise LoaderConfigError(f"frames must be a positive integer, got {frames!r}")
-        if sampling not in ("record", "window"):
-            raise LoaderConfigError(f"sampling must be 'record' or 'window', got {sampling!r}")
-        if samples_per_epoch is not None and (
-            isinstance(samples_per_epoch, bool)
-            or int(samples_per_epoch) != samples_per_epoch
-            or samples_per_epoch < 1
-        ):
-            raise LoaderConfigError(
-                f"samples_per_epoch must be a positive integer, got {samples_per_epoch!r}"
-            )
         self.storage = storage
-        self.frames = int(frames)
+        self.frames = positive_integer(frames, "frames", error=LoaderConfigError)
+        _check_sampling(sampling)
         self.fields = None if fields is None else [str(field) for field in fields]
-        self.samples_per_epoch = None if samples_per_epoch is None else int(samples_per_epoch)
+        self.seed = int(seed)
+        self.samples_per_epoch = (
+            None
+            if samples_per_epoch is None
+            else positive_integer(samples_per_epoch, "samples_per_epoch", error=LoaderConfigError)
+        )
         self.sampling: Sampling = sampling
         self._sampler: WindowSampler | None = None
+
+    def __repr__(self) -> str:
+        return f"TemporalWindowSource({self.storage!r}, frames={self.frames}, seed={self.seed})"
 
     def __getstate__(self) -> dict[str, Any]:
         # The sampler holds per-record arrays; workers rebuild it from their own storage.
@@ -196,9 +172,10 @@ class TemporalBatchDataset(BatchIterableDataset):
         state["_sampler"] = None
         return state
 
-    def state_identity(self) -> dict[str, Any]:
+    def identity(self) -> dict[str, Any]:
         return {
             "kind": "temporal",
+            "seed": self.seed,
             "frames": self.frames,
             "sampling": self.sampling,
             "samples_per_epoch": self.samples_per_epoch,
@@ -209,44 +186,58 @@ class TemporalBatchDataset(BatchIterableDataset):
             self._sampler = WindowSampler(storage.frame_counts, self.frames, sampling=self.sampling)
         return self._sampler
 
-    def _open(self) -> AbstractAsyncContextManager[TemporalStorage]:
-        return contextlib.nullcontext(self.storage)
-
-    def _num_samples(self, source: TemporalStorage) -> int:
-        sampler = self._window_sampler(source)
-        return (
-            self.samples_per_epoch if self.samples_per_epoch is not None else sampler.num_eligible
-        )
-
-    def _count_samples(self) -> int:
+    def count(self) -> int:
         if self.samples_per_epoch is not None:
             return self.samples_per_epoch
         return self._window_sampler(self.storage).num_eligible
 
-    def _requests(
-        self, source: TemporalStorage, indices: np.ndarray, epoch: int
+    def num_samples(self, reader: TemporalStorage) -> int:
+        sampler = self._window_sampler(reader)
+        return (
+            self.samples_per_epoch if self.samples_per_epoch is not None else sampler.num_eligible
+        )
+
+    def requests(
+        self, reader: TemporalStorage, indices: np.ndarray, epoch: int
     ) -> Sequence[tuple[int, int]]:
-        records, starts = self._window_sampler(source).draw(indices, seed=self.seed, epoch=epoch)
+        records, starts = self._window_sampler(reader).draw(indices, seed=self.seed, epoch=epoch)
         return list(zip(records.tolist(), starts.tolist(), strict=True))
 
-    async def _read(self, source: TemporalStorage, request: tuple[int, int]) -> Any:
-        record, start = request
-        if self.fields is None:
-            return await source.aread_window(record, start, self.frames)
-        return await source.aread_window(record, start, self.frames, self.fields)
-
-    def _storage(self) -> Any:
-        return self.storage
-
-    def _sync_open(self) -> Callable[[], contextlib.AbstractContextManager[Any]] | None:
+    def open_sync(self) -> AbstractContextManager[Any] | None:
         if getattr(self.storage, "is_local", False) and hasattr(self.storage, "read_window"):
-            return lambda: contextlib.nullcontext(self.storage)
+            return contextlib.nullcontext(self.storage)
         return None
 
-    def _read_many_sync(self, source: Any, requests: list[tuple[int, int]]) -> list[Any]:
+    def open_async(self) -> AbstractAsyncContextManager[TemporalStorage]:
+        return contextlib.nullcontext(self.storage)
+
+    def read_many_sync(self, reader: Any, requests: list[tuple[int, int]]) -> list[Any]:
         if self.fields is None:
-            return [source.read_window(record, start, self.frames) for record, start in requests]
+            return [reader.read_window(record, start, self.frames) for record, start in requests]
         return [
-            source.read_window(record, start, self.frames, self.fields)
+            reader.read_window(record, start, self.frames, self.fields)
             for record, start in requests
         ]
+
+    async def read_many(
+        self, reader: TemporalStorage, requests: list[tuple[int, int]]
+    ) -> list[Any]:
+        if self.fields is None:
+            reads = [reader.aread_window(record, start, self.frames) for record, start in requests]
+        else:
+            reads = [
+                reader.aread_window(record, start, self.frames, self.fields)
+                for record, start in requests
+            ]
+        return list(await asyncio.gather(*reads))
+
+    def sample_span_bytes(self) -> int | None:
+        return None
+
+    def reads_per_batch(self) -> int:
+        return 1
+
+    def preload(self) -> None:
+        preload = getattr(self.storage, "preload_readers", None)
+        if callable(preload):
+            preload()

@@ -8,13 +8,15 @@ handed to DataLoader workers; every worker opens its own store, event loop and s
 from __future__ import annotations
 
 import abc
+import copy
+import json
 import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from rangestream.errors import DatasetExistsError
+from rangestream.errors import DatasetExistsError, MetadataError, SchemaMismatchError
 from rangestream.io.local import LocalStore
 from rangestream.io.process import run_blocking
 from rangestream.io.retry import RetryPolicy
@@ -22,14 +24,16 @@ from rangestream.io.retrying_store import RetryingStore
 from rangestream.io.store import ObjectStore, is_local_url, open_store
 from rangestream.layout.block import ArrayLayout
 from rangestream.layout.dtypes import little_endian
-from rangestream.layout.manifest import Manifest
+from rangestream.layout.manifest import ROOT_KEY, Manifest
 from rangestream.storage.options import LayoutOptions, split_options
 from rangestream.storage.writing import (
     CommittingWriter,
     ShardEncoder,
     WriteSession,
+    appending_storage,
     new_session,
     read_committed,
+    write_mode,
 )
 
 if TYPE_CHECKING:
@@ -56,6 +60,10 @@ class Storage(abc.ABC):
     storage_options
         fsspec options, e.g. ``{"client_kwargs": {"endpoint_url": ...}}`` for MinIO;
         credentials in here never appear in reprs or error messages.
+    notes
+        JSON facts that new writes record in the dataset's schema beside the kind's own
+        keys, e.g. what produced the data (``convert`` records its preset and tokenizer
+        under ``"ingest"``). Readers ignore them; ``rangestream inspect`` shows the schema.
     **options
         Read options (``max_concurrency``, ``coalesce_gap``, ``max_coalesced_bytes``,
         ``retry``, ``verify_checksums``, ``mapped``; see ``ReadOptions``, or pass
@@ -73,6 +81,7 @@ class Storage(abc.ABC):
         url: str | os.PathLike[str],
         *,
         storage_options: Mapping[str, Any] | None = None,
+        notes: Mapping[str, Any] | None = None,
         **options: Any,
     ) -> None:
         if isinstance(url, os.PathLike):
@@ -88,6 +97,7 @@ class Storage(abc.ABC):
         self.storage_options = dict(storage_options or {})
         self.read_options = read
         self.layout_options = layout
+        self.notes = _checked_notes(notes)
         from rangestream.storage.opening import Opening
 
         #: The version this process opened for reads made on the storage itself.
@@ -172,6 +182,20 @@ class Storage(abc.ABC):
         """A reader for ``async with``; its reads run on the loop that awaits them."""
         return self.async_reader_class(self)
 
+    def zarr_group(self) -> Any:
+        """The committed version as a read-only ``zarr.Group`` (needs ``rangestream[zarr]``).
+
+        Every stored array is plain Zarr v3; this hands zarr-python the group of the version
+        the root names, ``data/<commit>``: ``group["shards/0/stream"][:10]``.
+        """
+        from rangestream.storage.zarr_view import open_zarr_group
+
+        return open_zarr_group(self)
+
+    def _reading_format(self, manifest: Manifest) -> Any:
+        """The format reads decode with: the one given, else the one the store describes."""
+        return None
+
     def _open_index(self, manifest: Manifest) -> Program[Any]:
         """What opening reads after the root document (a kind's compact index), if anything.
 
@@ -191,6 +215,16 @@ class Storage(abc.ABC):
 
     def _schema(self) -> dict[str, Any]:
         return {}
+
+    def _committed_schema(self) -> dict[str, Any]:
+        """The schema a commit stores: the kind's (``_schema``) and the caller's ``notes``."""
+        schema = self._schema()
+        clash = sorted(set(schema) & set(self.notes))
+        if clash:
+            raise ValueError(
+                f"notes {clash} would replace keys of the {self.kind} schema; use other names"
+            )
+        return {**schema, **self.notes}
 
     def _check_schema(self, manifest: Manifest) -> None:  # noqa: B027 - optional hook
         """Raise ``SchemaMismatchError`` if the caller's format differs from the stored one."""
@@ -237,21 +271,55 @@ class Storage(abc.ABC):
         return RetryingStore(store, self.retry)
 
     # -- writing ------------------------------------------------------------------------
-    def parallel_write(self, *, overwrite: bool = False) -> WriteSession:
+    def parallel_write(self, *, overwrite: bool = False, mode: str | None = None) -> WriteSession:
         """Start a write that several processes share, each owning distinct shards.
 
         Hand the returned session to each worker; there, ``with session.sync_writer() as
         w: w.append(shard, record)``. When all workers are done, ``session.commit()``
         publishes the dataset in one atomic step.
+
+        Parameters
+        ----------
+        overwrite
+            Replace a dataset already committed at the URL (``mode="overwrite"``).
+        mode
+            ``"create"`` (the default: refuse an existing dataset), ``"overwrite"``, or
+            ``"append"``: add the written shards to the committed version as a new version.
+            Shard ``k`` of an append is stored as shard ``session.first_shard + k``; the old
+            shards are not copied, readers of the old version are unaffected, and the
+            records must have the kind, format and layout of the stored ones. Appending
+            to a URL without a dataset creates it.
         """
-        if not overwrite:
-            exists, _ = run_blocking(self._probe())
-            if exists:
-                raise DatasetExistsError(
-                    f"{self.url} already holds a committed dataset; "
-                    "pass overwrite=True to replace it"
-                )
-        return new_session(self, overwrite)
+        mode = write_mode(overwrite, mode)
+        if mode == "overwrite":
+            return new_session(self, True)
+        exists, manifest = run_blocking(self._probe())
+        if exists and mode == "create":
+            raise DatasetExistsError(
+                f"{self.url} already holds a committed dataset; pass overwrite=True to "
+                "replace it, or mode='append' to add shards to it"
+            )
+        if not exists:
+            return new_session(self, False)
+        if manifest is None:
+            raise MetadataError(
+                f"{self.url}/{ROOT_KEY} cannot be read, so there is no version to append to"
+            )
+        return new_session(self._appending(manifest), False, manifest)
+
+    def _appending(self, manifest: Manifest) -> Storage:
+        """This storage, ready to append shards to ``manifest``'s version."""
+        if manifest.kind != self.kind:
+            raise SchemaMismatchError(
+                f"{self.url} holds a {manifest.kind!r} dataset; a {self.kind!r} write "
+                "cannot append to it"
+            )
+        storage: Storage = self
+        if getattr(self, "storage_format", False) is None:  # take the recorded format
+            storage = copy.copy(self)
+            storage.storage_format = self._reading_format(manifest)  # type: ignore[attr-defined]
+        storage._check_schema(manifest)
+        return appending_storage(storage, manifest)
 
     async def _probe(self) -> tuple[bool, Manifest | None]:
         store = self._new_write_store()
@@ -260,10 +328,31 @@ class Storage(abc.ABC):
         finally:
             await store.aclose()
 
-    def sync_writer(self, *, overwrite: bool = False) -> CommittingWriter:
-        """A writer that commits the dataset when its ``with`` block exits cleanly."""
-        return CommittingWriter(self.parallel_write(overwrite=overwrite))
+    def sync_writer(self, *, overwrite: bool = False, mode: str | None = None) -> CommittingWriter:
+        """A writer that commits the dataset when its ``with`` block exits cleanly.
+
+        ``mode="append"`` adds its shards to the committed version (see ``parallel_write``).
+        """
+        return CommittingWriter(self.parallel_write(overwrite=overwrite, mode=mode))
 
     def exists(self) -> bool:
         """Whether a committed dataset is at the URL."""
         return run_blocking(self._probe())[0]
+
+
+#: Bound on the serialized ``notes`` of a storage: facts about the data, not data.
+MAX_NOTES_BYTES = 1 << 20
+
+
+def _checked_notes(notes: Mapping[str, Any] | None) -> dict[str, Any]:
+    if notes is None:
+        return {}
+    if not isinstance(notes, Mapping) or not all(isinstance(k, str) for k in notes):
+        raise TypeError(f"notes must be a mapping with str keys, got {type(notes).__name__}")
+    try:
+        size = len(json.dumps(dict(notes)))
+    except (TypeError, ValueError) as error:
+        raise TypeError(f"notes must be JSON-serializable: {error}") from error
+    if size > MAX_NOTES_BYTES:
+        raise ValueError(f"notes are {size} bytes serialized, more than {MAX_NOTES_BYTES}")
+    return dict(notes)

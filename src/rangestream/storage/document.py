@@ -26,10 +26,17 @@ from typing import Any
 import numpy as np
 
 from rangestream.arguments import integer
-from rangestream.errors import CorruptDataError, InvalidRecordError, OutOfRangeError
+from rangestream.errors import (
+    CorruptDataError,
+    InvalidRecordError,
+    OutOfRangeError,
+    SchemaMismatchError,
+    UnknownFieldError,
+)
+from rangestream.formats.described import check_given_format, format_from_schema, format_schema
 from rangestream.layout.block import ArrayLayout
 from rangestream.layout.executors import Program
-from rangestream.layout.manifest import Manifest
+from rangestream.layout.manifest import ROOT_KEY, Manifest
 from rangestream.layout.pieces import RowRead
 from rangestream.storage.base import Storage
 from rangestream.storage.opening import OpenedStorage
@@ -62,6 +69,23 @@ def payload_encoding(storage_format: Any) -> str:
         return named
     cls = type(storage_format)
     return f"python:{cls.__module__}.{cls.__qualname__}"
+
+
+#: Encodings recorded under other names by earlier versions, and their names now.
+_LEGACY_ENCODINGS = {"python:rangestream.formats.records.RecordFormat": "records"}
+
+
+def _encoding(value: Any) -> Any:
+    return _LEGACY_ENCODINGS.get(value, value) if isinstance(value, str) else value
+
+
+def _check_document_format(storage_format: Any) -> None:
+    if not callable(getattr(storage_format, "pack", None)) or not callable(
+        getattr(storage_format, "unpack", None)
+    ):
+        raise TypeError(
+            f"storage_format must have pack and unpack, got {type(storage_format).__name__}"
+        )
 
 
 class _DocumentShardEncoder(ShardEncoder):
@@ -184,7 +208,7 @@ class OpenedDocuments(OpenedStorage):
         self.document_bounds = self.bounds("payload_offsets", minus=1)
         self.num_documents = int(self.document_bounds[-1])
         storage: Any = self.storage
-        self.format: DocumentStorageFormat[Any, Any] = storage.storage_format
+        self.format: DocumentStorageFormat[Any, Any] = storage._reading_format(self.manifest)
         self.offset_rows = self.manifest.arrays["payload_offsets"].chunk_rows
         self.offsets = OffsetChunks(storage.offsets_cache_bytes, self.offset_rows)
 
@@ -209,13 +233,13 @@ class OpenedDocuments(OpenedStorage):
     def _rows(self, shard: int, name: str, start: int, stop: int) -> RowRead:
         return RowRead.whole(self.array(shard, name), start, stop)
 
-    def read_encoded(self, indexes: Sequence[int]) -> Program[list[tuple[int, bytes]]]:
-        """``(shard, encoded bytes)`` of each document.
+    def spans(self, indexes: Sequence[int]) -> Program[list[tuple[int, int, int]]]:
+        """``(shard, heap start, heap end)`` of each document, checked against the heap.
 
-        Round 1, only for documents whose offsets are not kept: the inner chunks of
-        ``payload_offsets`` holding them (adjacent chunks of a shard in one read). Round 2:
-        the documents' bytes. The chunks read are kept (``OffsetChunks``) after the
-        offsets of this read are taken from them.
+        Only for documents whose offsets are not kept, one round: the inner chunks of
+        ``payload_offsets`` holding them (adjacent chunks of a shard in one read). The
+        chunks read are kept (``OffsetChunks``) after the offsets of this read are taken
+        from them.
         """
         rows, cache = self.offset_rows, self.offsets
         located = [self.locate(i) for i in indexes]
@@ -257,7 +281,7 @@ class OpenedDocuments(OpenedStorage):
                     )
             for (part, chunk), values in fetched.items():
                 cache.put((part << _PART_SHIFT) + chunk, values)
-        heap_reads = []
+        out = []
         for (part, j), pair in zip(located, pairs, strict=True):
             assert pair is not None
             start, end = pair
@@ -268,13 +292,8 @@ class OpenedDocuments(OpenedStorage):
                     f"{self.describe(self.manifest.array_key(shard, 'payload_offsets'))}: "
                     f"document {j} spans [{start}, {end}) outside the heap of {heap_length} bytes"
                 )
-            heap_reads.append(self._rows(shard, "payload_heap", start, end))
-        if heap_reads:
-            yield heap_reads
-        return [
-            (self.shard_ids[part], read.target.reshape(-1).tobytes())
-            for (part, _), read in zip(located, heap_reads, strict=True)
-        ]
+            out.append((shard, start, end))
+        return out
 
     def _offset(self, fetched: dict[tuple[int, int], np.ndarray], part: int, row: int) -> int:
         """Offset ``row`` of shard position ``part``: from this read's chunks, else kept."""
@@ -286,13 +305,133 @@ class OpenedDocuments(OpenedStorage):
         assert value is not None, "a chunk kept at the start of the read is kept still"
         return value
 
-    def read_many(self, indexes: Sequence[int]) -> Program[list[Any]]:
+    def read_encoded(self, indexes: Sequence[int]) -> Program[list[tuple[int, bytes]]]:
+        """``(shard, encoded bytes)`` of each document: its span (``spans``), then one
+        round of heap requests, coalesced across the documents of the batch."""
+        spans = yield from self.spans(indexes)
+        heap_reads = [self._rows(shard, "payload_heap", a, b) for shard, a, b in spans]
+        if heap_reads:
+            yield heap_reads
+        return [
+            (shard, read.target.reshape(-1).tobytes())
+            for (shard, _, _), read in zip(spans, heap_reads, strict=True)
+        ]
+
+    def read_many(
+        self, indexes: Sequence[int], keys: Sequence[str] | None = None
+    ) -> Program[list[Any]]:
+        if keys is not None:
+            return (yield from self.read_keys(indexes, keys))
         encoded = yield from self.read_encoded(indexes)
         return [self.format.unpack(data, shard) for shard, data in encoded]
 
-    def read(self, index: int) -> Program[Any]:
-        (document,) = yield from self.read_many([index])
+    def read(self, index: int, keys: Sequence[str] | None = None) -> Program[Any]:
+        (document,) = yield from self.read_many([index], keys)
         return document
+
+    # -- some keys of each record --------------------------------------------------------
+    def read_keys(self, indexes: Sequence[int], keys: Sequence[str]) -> Program[list[Any]]:
+        """Only ``keys`` of each record, reading only their bytes where the format can.
+
+        A format with ``header_nbytes``, ``field_spans`` and ``decode_field``
+        (``RecordFormat``) is read in two rounds after the spans: every record's header,
+        then one range per record from its first to its last selected key's bytes. A
+        record of at most ``whole_record_bytes``, or a selection of every key, is read
+        whole in the first of them instead (one request beats two). Other formats read
+        whole records: ``unpack_keys`` if they have it, else ``unpack`` and a selection
+        of the mapping it returns. No keys read nothing: ``{}`` per record.
+        """
+        keys = _checked_keys(keys, self.format)
+        if not keys:
+            for index in indexes:
+                self.locate(index)  # out-of-range indexes fail as they would with keys
+            return [{} for _ in indexes]
+        storage_format: Any = self.format
+        header_nbytes = getattr(storage_format, "header_nbytes", None)
+        partial = (
+            isinstance(header_nbytes, int)
+            and callable(getattr(storage_format, "field_spans", None))
+            and callable(getattr(storage_format, "decode_field", None))
+        )
+        if not partial:
+            encoded = yield from self.read_encoded(indexes)
+            return [_select(storage_format, data, shard, keys) for shard, data in encoded]
+        assert isinstance(header_nbytes, int)
+        spans = yield from self.spans(indexes)
+        names = getattr(storage_format, "names", None)
+        every_key = names is not None and set(keys) >= set(names)
+        small = self.storage.whole_record_bytes  # type: ignore[attr-defined]
+        whole = [every_key or end - start <= max(small, header_nbytes) for _, start, end in spans]
+        first = [
+            self._rows(shard, "payload_heap", start, end if read_all else start + header_nbytes)
+            for (shard, start, end), read_all in zip(spans, whole, strict=True)
+        ]
+        if first:
+            yield first
+        layouts: list[dict[str, tuple[int, int]] | None] = []
+        second = []
+        for (shard, start, end), read_all, read in zip(spans, whole, first, strict=True):
+            if read_all:
+                layouts.append(None)
+                continue
+            fields = storage_format.field_spans(read.target.reshape(-1), end - start)
+            low = min(fields[key][0] for key in keys)
+            high = max(fields[key][1] for key in keys)
+            layouts.append(fields)
+            second.append(self._rows(shard, "payload_heap", start + low, start + high))
+        if second:
+            yield second
+        out = []
+        later = iter(second)
+        for (shard, _, _), fields, read in zip(spans, layouts, first, strict=True):
+            if fields is None:
+                data = read.target.reshape(-1).tobytes()
+                out.append(_select(storage_format, data, shard, keys))
+                continue
+            low = min(fields[key][0] for key in keys)
+            section = memoryview(next(later).target.reshape(-1))
+            out.append(
+                {
+                    key: storage_format.decode_field(
+                        key, section[fields[key][0] - low : fields[key][1] - low]
+                    )
+                    for key in keys
+                }
+            )
+        return out
+
+
+def _checked_keys(keys: Any, storage_format: Any) -> list[str]:
+    if isinstance(keys, str) or not all(isinstance(key, str) for key in keys):
+        raise TypeError(f"keys must be a list of field names, got {keys!r:.200}")
+    keys = list(keys)
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"keys repeat: {keys}")
+    names = getattr(storage_format, "names", None)
+    if names is not None:
+        unknown = [key for key in keys if key not in names]
+        if unknown:
+            raise UnknownFieldError(
+                f"no field(s) {unknown} in the records; fields are {list(names)}"
+            )
+    return keys
+
+
+def _select(storage_format: Any, data: bytes, shard: int, keys: list[str]) -> dict[str, Any]:
+    """``keys`` of a whole encoded record."""
+    unpack_keys = getattr(storage_format, "unpack_keys", None)
+    if callable(unpack_keys):
+        return dict(unpack_keys(data, keys))
+    document = storage_format.unpack(data, shard)
+    if not isinstance(document, Mapping):
+        raise TypeError(
+            f"keys select fields of mappings; {type(storage_format).__name__} decodes "
+            f"documents as {type(document).__name__}"
+        )
+    missing = [key for key in keys if key not in document]
+    if missing:
+        raise UnknownFieldError(f"no key(s) {missing} in the document; it has {list(document)}")
+    return {key: document[key] for key in keys}
 
 
 def _runs(chunks: list[int]) -> list[tuple[int, int]]:
@@ -312,6 +451,9 @@ DEFAULT_OFFSETS_CACHE_BYTES = 64 * 1024 * 1024
 #: touches, so about one chunk more than its bytes: 1.5x a 1 KiB document with 512-byte
 #: chunks (2x with 1 KiB), for a chunk index of 3% of a full block.
 DEFAULT_DOCUMENT_CHUNK_BYTES = 512
+#: Records up to this size are read whole when keys are selected: over object storage one
+#: request of 64 KiB costs less time than a header request and a field request in turn.
+DEFAULT_WHOLE_RECORD_BYTES = 64 * 1024
 
 
 class DocumentStorage(Storage):
@@ -322,11 +464,18 @@ class DocumentStorage(Storage):
     url
         Where the dataset lives (local path, ``s3://``, ``memory://``, any fsspec URL).
     storage_format
-        A ``DocumentStorageFormat`` (e.g. ``DocumentPickleFormat``: trusted data only).
+        A ``DocumentStorageFormat`` (``RecordFormat``, ``DocumentPickleFormat``: trusted
+        data only, or your own); needed to write. Readers may omit it when the dataset
+        records its format (``RecordFormat`` is recorded with its fields):
+        ``DocumentStorage(url)``. Pickled documents are never unpickled on the word of
+        stored metadata: pass ``DocumentPickleFormat()`` to read them.
     offsets_cache_bytes
         Bytes of document offsets each reader keeps (``OffsetChunks``: about 5 bytes per
         document). A document whose offsets are kept costs one round of requests (its
         bytes) instead of two.
+    whole_record_bytes
+        ``read(i, keys=[...])`` reads records up to this size whole; larger ones as their
+        header, then the selected keys' bytes (formats that can, as ``RecordFormat``).
     **options
         See ``Storage``. ``chunk_bytes`` of the heap defaults to
         ``DEFAULT_DOCUMENT_CHUNK_BYTES`` (512): a read fetches whole inner chunks.
@@ -339,20 +488,26 @@ class DocumentStorage(Storage):
     def __init__(
         self,
         url: str | os.PathLike[str],
-        storage_format: DocumentStorageFormat[Any, Any],
+        storage_format: DocumentStorageFormat[Any, Any] | None = None,
         *,
         offsets_cache_bytes: int = DEFAULT_OFFSETS_CACHE_BYTES,
+        whole_record_bytes: int = DEFAULT_WHOLE_RECORD_BYTES,
         **options: Any,
     ) -> None:
         super().__init__(url, **options)
-        self.offsets_cache_bytes = offsets_cache_bytes
-        if not callable(getattr(storage_format, "pack", None)) or not callable(
-            getattr(storage_format, "unpack", None)
-        ):
-            raise TypeError(
-                f"storage_format must have pack and unpack, got {type(storage_format).__name__}"
-            )
+        self.offsets_cache_bytes = integer(offsets_cache_bytes, "offsets_cache_bytes", minimum=0)
+        self.whole_record_bytes = integer(whole_record_bytes, "whole_record_bytes", minimum=0)
+        if storage_format is not None:
+            _check_document_format(storage_format)
         self.storage_format = storage_format
+
+    def _writing_format(self) -> Any:
+        if self.storage_format is None:
+            raise TypeError(
+                f"DocumentStorage({self.url!r}) was made without a format: it reads what the "
+                "dataset records, but writing needs the storage_format"
+            )
+        return self.storage_format
 
     def _array_layouts(self) -> dict[str, ArrayLayout]:
         return {
@@ -361,66 +516,131 @@ class DocumentStorage(Storage):
         }
 
     def _schema(self) -> dict[str, Any]:
-        return {"payload_encoding": payload_encoding(self.storage_format)}
+        storage_format = self._writing_format()
+        schema: dict[str, Any] = {"payload_encoding": payload_encoding(storage_format)}
+        described = format_schema(storage_format)
+        if described is not None:
+            schema["format"] = described
+        return schema
+
+    def _reading_format(self, manifest: Manifest) -> Any:
+        """The given format once checked against the store, else the one it records."""
+        where = f"{self.url}/{ROOT_KEY}"
+        stored = _encoding(manifest.schema.get("payload_encoding"))
+        recorded = manifest.schema.get("format")
+        storage_format = self.storage_format
+        if storage_format is not None:
+            named = _encoding(getattr(storage_format, "payload_encoding", None))
+            if isinstance(stored, str) and isinstance(named, str) and stored != named:
+                raise SchemaMismatchError(
+                    f"{self.url} stores payloads encoded as {stored!r}, but the format "
+                    f"{type(storage_format).__name__} reads {named!r}"
+                )
+            check_given_format(storage_format, recorded, where)
+            return storage_format
+        if recorded is not None:
+            storage_format = format_from_schema(recorded, where)
+            try:
+                _check_document_format(storage_format)
+            except TypeError as error:
+                raise SchemaMismatchError(f"{where}: the recorded format {error}") from error
+            return storage_format
+        if stored == "pickle":
+            raise SchemaMismatchError(
+                f"{self.url} holds pickled documents; unpickling runs code chosen by whoever "
+                "wrote them, so it is never chosen from stored metadata: pass "
+                "DocumentPickleFormat() if you trust this data"
+            )
+        what = f" ({stored})" if isinstance(stored, str) else ""
+        raise SchemaMismatchError(
+            f"{self.url} does not record its format{what}: it was written with a format that "
+            "has no schema(), or before formats were recorded; pass the format it was "
+            "written with, DocumentStorage(url, storage_format)"
+        )
 
     def _check_schema(self, manifest: Manifest) -> None:
-        from rangestream.errors import SchemaMismatchError
-
         if set(manifest.arrays) != {"payload_heap", "payload_offsets"}:
             raise SchemaMismatchError(f"{self.url} does not hold a document dataset's arrays")
-        stored = manifest.schema.get("payload_encoding")
-        named = getattr(self.storage_format, "payload_encoding", None)
-        if isinstance(stored, str) and isinstance(named, str) and stored != named:
-            raise SchemaMismatchError(
-                f"{self.url} stores payloads encoded as {stored!r}, but the format "
-                f"{type(self.storage_format).__name__} reads {named!r}"
-            )
+        self._reading_format(manifest)
 
     def _shard_encoder(self) -> ShardEncoder:
-        return _DocumentShardEncoder(self.storage_format)
+        return _DocumentShardEncoder(self._writing_format())
 
 
 class _DocumentFacts:
     opened: Any
 
     @property
+    def format(self) -> Any:
+        """The format documents decode with: the one given, or the one the dataset records."""
+        return self.opened.format
+
+    @property
     def num_shards(self) -> int:
+        """One more than the highest shard id written (unwritten shards hold nothing)."""
         return int(self.opened.num_shards)
+
+    def num_records(self, shard: int | None = None) -> int:
+        """Documents (one per ``append``) in ``shard``, or in all shards (``None``): the
+        name every storage kind's readers give this count."""
+        if shard is None:
+            return int(self.opened.num_documents)
+        return max(0, int(self.opened.shard_length("payload_offsets", int(shard))) - 1)
 
     @property
     def num_documents(self) -> int:
+        """Documents over all shards (``num_records()``, ``len(reader)``)."""
         return int(self.opened.num_documents)
 
     def __len__(self) -> int:
         return self.num_documents
 
     def length(self, shard: int) -> int:
-        """Documents in ``shard``."""
-        return max(0, int(self.opened.shard_length("payload_offsets", int(shard))) - 1)
+        """Documents in ``shard`` (``num_records(shard)``)."""
+        return self.num_records(shard)
 
 
 class DocumentStorageReader(_DocumentFacts, SyncReader):
     """Sync reads of a document storage."""
 
-    def read(self, index: int) -> Any:
-        return self._run(self.opened.read(index))
+    def read(self, index: int, keys: Sequence[str] | None = None) -> Any:
+        """Document ``index`` (negative counts from the end), or only ``keys`` of a record.
 
-    def read_many(self, indexes: Sequence[int]) -> list[Any]:
-        return self._run(self.opened.read_many(indexes))
+        With ``keys`` (AstrAI's ``fetch_record(index, keys)``), a ``RecordFormat`` record
+        larger than ``whole_record_bytes`` costs its header and one range covering the
+        keys, not the whole record; other formats decode the whole document and return
+        the keys of the mapping it is.
+        """
+        return self._run(self.opened.read(index, keys))
+
+    def read_many(self, indexes: Sequence[int], keys: Sequence[str] | None = None) -> list[Any]:
+        """Several documents (or ``keys`` of each), every round shared and coalesced."""
+        return self._run(self.opened.read_many(list(indexes), keys))
 
 
 class AsyncDocumentStorageReader(_DocumentFacts, AsyncReader):
     """Async reads of a document storage."""
 
-    async def read(self, index: int, *, max_concurrency: int | None = None) -> Any:
+    async def read(
+        self,
+        index: int,
+        keys: Sequence[str] | None = None,
+        *,
+        max_concurrency: int | None = None,
+    ) -> Any:
         opened = await self._opened()
-        return await opened.run(opened.read(index), max_concurrency=max_concurrency)
+        return await opened.run(opened.read(index, keys), max_concurrency=max_concurrency)
 
     async def read_many(
-        self, indexes: Sequence[int], *, max_concurrency: int | None = None
+        self,
+        indexes: Sequence[int],
+        keys: Sequence[str] | None = None,
+        *,
+        max_concurrency: int | None = None,
     ) -> list[Any]:
         opened = await self._opened()
-        return await opened.run(opened.read_many(indexes), max_concurrency=max_concurrency)
+        program = opened.read_many(list(indexes), keys)
+        return await opened.run(program, max_concurrency=max_concurrency)
 
 
 DocumentStorage.sync_reader_class = DocumentStorageReader

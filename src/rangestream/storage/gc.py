@@ -2,10 +2,11 @@
 
 Every write puts its objects under ``data/<commit>/``. The committed version (named by the
 root ``zarr.json``) and the one it replaced (kept for readers that opened it before the
-commit) are the dataset; a commit deletes the version before those two. Everything else
-is garbage: writes killed before their commit (SIGKILL, a lost machine), writes whose
-clean-up failed, commits that lost a race with another commit. Nothing else ever deletes
-them.
+commit) are the dataset, with every earlier commit whose shards either of them still
+reads (an append keeps the old shards where they were written: ``inherited``); a commit
+deletes the version before those two. Everything else is garbage: writes killed before
+their commit (SIGKILL, a lost machine), writes whose clean-up failed, commits that lost a
+race with another commit. Nothing else ever deletes them.
 
 A prefix whose newest object is younger than a grace period is never collected: it may
 belong to a write still running, or to a parallel write session whose commit is yet to
@@ -203,8 +204,8 @@ async def find_orphans(
     an orphan, subject to the grace period.
     """
     report = GarbageReport(url=str(url), grace=grace)
-    report.committed, report.previous = await _live_versions(store)
-    live = {data_prefix(c) for c in (report.committed, report.previous) if c is not None}
+    report.committed, report.previous, kept = await _live_versions(store)
+    live = {data_prefix(c) for c in kept}
     lister = unwrapped(store)
     prefixes = await retried(store, "list", lambda: lister.list_prefixes("data"), "data")
     for prefix in prefixes:
@@ -231,12 +232,12 @@ def _orphan(prefix: str, objects: Iterable[ObjectInfo]) -> Orphan:
     return Orphan(prefix, len(listed), sum(info.size for info in listed), newest)
 
 
-async def _live_versions(store: ObjectStore) -> tuple[str | None, str | None]:
-    """The committed version and the one it replaced, from the root document."""
+async def _live_versions(store: ObjectStore) -> tuple[str | None, str | None, set[str]]:
+    """The committed version, the one it replaced, and every commit the two read."""
     try:
         raw = await store.get_range(ROOT_KEY, 0, MAX_ROOT_BYTES + 1)
     except FileNotFoundError:
-        return None, None
+        return None, None, set()
     where = store.describe(ROOT_KEY)
     if len(raw) > MAX_ROOT_BYTES:
         raise MetadataError(f"{where} is larger than the {MAX_ROOT_BYTES}-byte metadata cap")
@@ -248,14 +249,18 @@ async def _live_versions(store: ObjectStore) -> tuple[str | None, str | None]:
             "nothing is collected"
         ) from error
     previous = manifest.extra.get("previous_commit_id")
-    return manifest.commit_id, previous if isinstance(previous, str) else None
+    previous = previous if isinstance(previous, str) else None
+    kept = {*manifest.commits, *manifest.extra.get("previous_inherited", [])}
+    if previous is not None:
+        kept.add(previous)
+    return manifest.commit_id, previous, kept
 
 
 async def _delete(store: ObjectStore, report: GarbageReport) -> None:
     deleted = []
     for orphan in report.orphans:
         # a commit may have published this version since the listing: ask the root again
-        live = {data_prefix(c) for c in await _live_versions(store) if c is not None}
+        live = {data_prefix(c) for c in (await _live_versions(store))[2]}
         if orphan.prefix in live:
             continue
         await store.delete_prefix(orphan.prefix)

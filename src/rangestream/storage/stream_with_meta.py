@@ -497,7 +497,9 @@ class StreamWithMetaStorage(StreamStorage):
     storage_format
         A ``StreamWithMetaStorageFormat``: ``stream_dtype``, ``size``, ``pack`` (yields one
         ``(key, payload | None)`` per element, returns the stream array) and ``unpack``.
-        Reopen a dataset with a format of the same ``stream_dtype``.
+        Reopen a dataset with a format of the same ``stream_dtype``, or without one if
+        the format describes itself (``schema()``, and a factory registered with
+        ``rangestream.formats.register_format``).
     run_cache_bytes
         Bytes of ``runs`` inner chunks each reader keeps, so windows near recent ones need
         no request for their runs.
@@ -515,7 +517,7 @@ class StreamWithMetaStorage(StreamStorage):
     def __init__(
         self,
         url: str | os.PathLike[str],
-        storage_format: StreamWithMetaStorageFormat[Any, Any, Any],
+        storage_format: StreamWithMetaStorageFormat[Any, Any, Any] | None = None,
         *,
         run_cache_bytes: int = DEFAULT_RUN_CACHE_BYTES,
         run_index_cache_bytes: int = DEFAULT_RUN_INDEX_CACHE_BYTES,
@@ -530,7 +532,7 @@ class StreamWithMetaStorage(StreamStorage):
     def _array_layouts(self) -> dict[str, ArrayLayout]:
         run_chunk_bytes = RUN_CHUNK_FACTOR * self.chunk_bytes
         return {
-            "stream": self._layout(self.storage_format.stream_dtype),
+            "stream": self._layout(self._writing_format().stream_dtype),
             "record_ends": self._layout(_INT64, chunk_bytes=max(self.chunk_bytes, 8192)),
             "runs": self._layout(_INT64, (2,), chunk_bytes=run_chunk_bytes),
             "payload_heap": self._layout(_UINT8),
@@ -546,7 +548,6 @@ class StreamWithMetaStorage(StreamStorage):
         return {}
 
     def _check_schema(self, manifest: Manifest) -> None:
-        self._check_stream_dtype(manifest)
         if set(manifest.arrays) != _ARRAYS:
             raise SchemaMismatchError(
                 f"{self.url} does not hold a stream-with-metadata dataset's arrays"
@@ -560,9 +561,10 @@ class StreamWithMetaStorage(StreamStorage):
                 )
         if manifest.arrays["payload_heap"].dtype != _UINT8:
             raise SchemaMismatchError(f"{self.url}: payload_heap must be uint8")
+        self._reading_format(manifest)
 
     def _shard_encoder(self) -> ShardEncoder:
-        return _MetaShardEncoder(self.storage_format, self._array_layouts()["runs"].chunk_rows)
+        return _MetaShardEncoder(self._writing_format(), self._array_layouts()["runs"].chunk_rows)
 
 
 class StreamWithMetaStorageReader(StreamStorageReader):

@@ -25,6 +25,7 @@ from rangestream.layout.manifest import (
     Manifest,
     data_prefix,
     parse_root,
+    shard_prefix,
 )
 from rangestream.storage.gc import find_orphans
 from rangestream.storage.writing import library_errors
@@ -123,6 +124,10 @@ async def asummarize_dataset(
         manifest = parse_root(bytes(raw), store.describe(ROOT_KEY))
         with library_errors(f"listing {url}"):
             objects = await store.list_details(data_prefix(manifest.commit_id))
+            for commit, shards in manifest.inherited.items():  # appended versions' old shards
+                wanted = tuple(f"{shard_prefix(commit, s)}/" for s in shards)
+                listed = await store.list_details(data_prefix(commit))
+                objects = [*objects, *(o for o in listed if o.key.startswith(wanted))]
             garbage = await find_orphans(store, url)
     finally:
         if isinstance(store, LocalStore):

@@ -30,6 +30,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import copy
 import datetime
 import json
 import os
@@ -50,20 +51,24 @@ from rangestream.errors import (
     CommitConflictError,
     CommitError,
     ConcurrentWriteError,
+    CorruptDataError,
     DatasetExistsError,
     InvalidShardError,
     MetadataError,
     RangestreamError,
+    SchemaMismatchError,
     StorageError,
     WriterClosedError,
 )
 from rangestream.io.local import LocalStore
 from rangestream.io.process import io_loop, run_blocking
+from rangestream.io.range_reader import RangeReader
 from rangestream.io.retry import retrying
 from rangestream.io.retrying_store import RetryingStore
 from rangestream.io.store import ObjectStore
 from rangestream.layout.block import ArrayLayout, encode_block
 from rangestream.layout.dtypes import little_endian
+from rangestream.layout.executors import RemoteExecutor
 from rangestream.layout.manifest import (
     MAX_ROOT_BYTES,
     ROOT_KEY,
@@ -71,9 +76,11 @@ from rangestream.layout.manifest import (
     Manifest,
     data_prefix,
     parse_root,
+    read_shard_table,
     shard_prefix,
 )
 from rangestream.layout.zarr_json import array_document, dumps, group_document
+from rangestream.storage.options import LayoutOptions
 
 if TYPE_CHECKING:
     from rangestream.storage.base import Storage
@@ -243,21 +250,48 @@ def check_shard(shard: Any) -> int:
     return shard
 
 
+#: What a write does to a dataset already committed at its URL.
+MODES = ("create", "overwrite", "append")
+
+
+def write_mode(overwrite: bool, mode: str | None) -> str:
+    """One of ``MODES`` from a writer's ``overwrite`` flag and ``mode`` argument."""
+    if mode is None:
+        return "overwrite" if overwrite else "create"
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if overwrite and mode != "overwrite":
+        raise ValueError(f"overwrite=True contradicts mode={mode!r}")
+    return mode
+
+
 @dataclass
 class WriteSession:
     """One write of a dataset: a commit id that writers in any process share.
 
     Picklable: create it in the coordinating process, hand it to workers, let each call
     ``sync_writer()`` for its own shards, then call ``commit()`` once all are closed.
+
+    An append session (``appends_to``: the commit it extends) numbers its writers' shards
+    from ``first_shard``, one past the highest shard of that version, and commits a
+    version holding the old shards (their data stays where it was written) and the new.
     """
 
     storage: Storage
     commit_id: str
     overwrite: bool = False
+    appends_to: str | None = None
+    first_shard: int = 0
 
     @property
     def prefix(self) -> str:
         return data_prefix(self.commit_id)
+
+    @property
+    def mode(self) -> str:
+        if self.appends_to is not None:
+            return "append"
+        return "overwrite" if self.overwrite else "create"
 
     def sync_writer(
         self, *, part_id: str | None = None, max_buffered_bytes: int | None = None
@@ -281,6 +315,20 @@ class WriteSession:
         with library_errors(f"committing {self.storage.url}"):
             return run_blocking(self._commit())
 
+    def _appended(self, committed: Manifest | None) -> Manifest | None:
+        """The version this append extends, checked to be the one committed now."""
+        if self.appends_to is None:
+            return None
+        where = self.storage.url
+        if committed is None or committed.commit_id != self.appends_to:
+            found = "no readable version" if committed is None else committed.commit_id
+            raise CommitConflictError(
+                f"{where}: this append extends version {self.appends_to}, but {found} is "
+                f"committed now; its objects under {self.prefix}/ are left for "
+                "`rangestream gc` (or session.abort()). Append again to the new version."
+            )
+        return committed
+
     def abort(self) -> None:
         """Delete everything written under this session's commit id."""
 
@@ -303,10 +351,13 @@ class WriteSession:
             if old_root is not None:
                 with contextlib.suppress(MetadataError):  # unreadable: replaced, not chained
                     previous = _parse_bounded_root(old_root, store.describe(ROOT_KEY))
-            if exists and not self.overwrite:
+            base = self._appended(previous)
+            if base is not None:
+                base = await completed(store, base)
+            if exists and not self.overwrite and base is None:
                 raise DatasetExistsError(
                     f"{storage.url} already holds a committed dataset; "
-                    "pass overwrite=True to replace it"
+                    "pass overwrite=True to replace it, or mode='append' to add shards"
                 )
             part_keys = sorted(
                 key for key in await store.list(f"{self.prefix}/parts") if key.endswith(".json")
@@ -328,18 +379,27 @@ class WriteSession:
                         )
                     owners[shard] = key
                     shard_lengths[shard] = lengths
+            if base is not None:
+                storage = storage._bind_schema(base.schema, store.describe(ROOT_KEY))
             layouts = storage._array_layouts()
             ids = np.asarray(sorted(shard_lengths), dtype=np.int64)
             lengths = {
                 name: np.asarray([shard_lengths[int(s)][name] for s in ids], dtype=np.int64)
                 for name in layouts
             }
+            inherited: dict[str, list[int]] = {}
+            if base is not None:
+                check_appendable(storage, base)
+                ids, lengths, inherited = _extend(base, ids, lengths)
             # when, for people (inspect); readers order versions by the chain, not by time
             extra: dict[str, Any] = {"committed_at": _utc_now()}
             if previous is not None:
                 extra["previous_commit_id"] = previous.commit_id
+                if previous.inherited:  # kept for its readers too (gc, the next commit)
+                    extra["previous_inherited"] = list(previous.inherited)
+            schema = storage._committed_schema()
             manifest = Manifest(
-                storage.kind, self.commit_id, storage._schema(), layouts, ids, lengths, extra
+                storage.kind, self.commit_id, schema, layouts, ids, lengths, extra, inherited
             )
             groups = (
                 "data/zarr.json",
@@ -357,12 +417,16 @@ class WriteSession:
                 root = dumps(manifest.root_document())
                 await _publish_root(store, root, version, self.commit_id)
             if previous is not None:
-                # Readers may still be on the version just replaced; the one before it goes.
+                # Readers may still be on the version just replaced; the one before it goes,
+                # with the data it inherited, except what the two live versions still read.
                 older = previous.extra.get("previous_commit_id")
-                if isinstance(older, str) and older != self.commit_id:
-                    # leftover objects are garbage, not a failed commit
-                    with contextlib.suppress(Exception):
-                        await store.delete_prefix(data_prefix(older))
+                live = {*manifest.commits, *previous.commits}
+                if isinstance(older, str):
+                    for commit in [older, *previous.extra.get("previous_inherited", [])]:
+                        if commit not in live:
+                            # leftover objects are garbage, not a failed commit
+                            with contextlib.suppress(Exception):
+                                await store.delete_prefix(data_prefix(commit))
             return manifest
         finally:
             await store.aclose()
@@ -439,9 +503,18 @@ async def read_committed(store: ObjectStore) -> tuple[bool, Manifest | None]:
         except FileNotFoundError:
             return False, None
     try:
-        return True, _parse_bounded_root(raw, store.describe(ROOT_KEY))
-    except MetadataError:
+        return True, await completed(store, _parse_bounded_root(raw, store.describe(ROOT_KEY)))
+    except CorruptDataError:
         return True, None
+
+
+async def completed(store: ObjectStore, manifest: Manifest) -> Manifest:
+    """``manifest`` with its shard ids and lengths, read from ``index/shards`` if the root
+    does not list them (an append numbers its shards after them and lists them all)."""
+    if manifest.complete:
+        return manifest
+    reader = RangeReader(store)
+    return await RemoteExecutor(reader, verify=True).run(read_shard_table(manifest, store.describe))
 
 
 def _utc_now() -> str:
@@ -652,10 +725,14 @@ class DatasetWriter:
             self.discard()
 
     def append(self, shard: int, data: Any) -> None:
-        """Append one record to ``shard``; validation happens before anything is written."""
+        """Append one record to ``shard``; validation happens before anything is written.
+
+        In an append session, shard numbers count from the first new shard: shard ``k``
+        is stored as ``session.first_shard + k``.
+        """
         if self._closed:
             raise WriterClosedError("append on a closed writer")
-        shard = check_shard(shard)
+        shard = check_shard(shard) + self.session.first_shard
         with self._lock:
             storage, layouts = self.storage, self._layouts
             if not self._shards:
@@ -788,8 +865,85 @@ class CommittingWriter(DatasetWriter):
             keep_failure(failure, cleanup, f"{self.storage.url}/{self.session.prefix}/")
 
 
-def new_session(storage: Storage, overwrite: bool) -> WriteSession:
-    return WriteSession(storage, uuid.uuid4().hex, overwrite)
+def new_session(storage: Storage, overwrite: bool, base: Manifest | None = None) -> WriteSession:
+    """A session with a fresh commit id; with ``base``, one that appends to that version."""
+    if base is None:
+        return WriteSession(storage, uuid.uuid4().hex, overwrite)
+    first = int(base.shard_ids[-1]) + 1 if len(base.shard_ids) else 0
+    return WriteSession(storage, uuid.uuid4().hex, False, base.commit_id, first)
+
+
+def check_appendable(storage: Storage, base: Manifest) -> None:
+    """Refuse to append ``storage``'s records to ``base``: another kind, format or layout.
+
+    Every shard of a version shares one layout per array, so the appended shards must be
+    cut as the committed ones were.
+    """
+    where = storage.url
+    if base.kind != storage.kind:
+        raise SchemaMismatchError(
+            f"{where} holds a {base.kind!r} dataset; a {storage.kind!r} write cannot append to it"
+        )
+    check_appendable_version(base, where)
+    storage._check_schema(base)
+    layouts = storage._array_layouts()
+    if set(layouts) != set(base.arrays):
+        raise SchemaMismatchError(
+            f"{where} stores arrays {sorted(base.arrays)}, the appended records {sorted(layouts)}"
+        )
+    for name, layout in layouts.items():
+        stored = base.arrays[name]
+        if layout != stored:
+            raise SchemaMismatchError(
+                f"{where}: array {name!r} is stored as {stored}, the appended shards would be "
+                f"{layout}; append with the chunk_bytes and block_bytes of the first write"
+            )
+
+
+def check_appendable_version(base: Manifest, where: str) -> None:
+    """Refuse to append to a version 1 dataset: its arrays of one block are stored with
+    full blocks, which a version 2 manifest would misdescribe (``Manifest.stored_layout``)."""
+    if base.format_version < 2:
+        raise SchemaMismatchError(
+            f"{where} holds a format_version {base.format_version} dataset, which cannot be "
+            "appended to; write it again with this library (format_version 2), then append"
+        )
+
+
+def appending_storage(storage: Storage, base: Manifest) -> Storage:
+    """``storage``, with layout options that cut arrays as ``base`` stores them if its own
+    do not (the first write chose other sizes): appended shards must match."""
+    check_appendable_version(base, storage.url)
+    if storage._array_layouts() == base.arrays:
+        return storage
+    for layout in base.arrays.values():
+        chunk = layout.chunk_nbytes
+        block = layout.chunks_per_block * (chunk + 20) + 4  # for_sizes, inverted
+        candidate = copy.copy(storage)  # temporal layouts, bound by records, never match
+        candidate.layout_options = LayoutOptions(chunk, max(block, chunk), layout.dense_chunks)
+        if candidate._array_layouts() == base.arrays:
+            return candidate
+    return storage  # the commit says what differs
+
+
+def _extend(
+    base: Manifest, ids: np.ndarray, lengths: dict[str, np.ndarray]
+) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, list[int]]]:
+    """Shard ids, lengths and inherited shards of ``base`` followed by the new shards."""
+    if len(ids) and len(base.shard_ids) and int(ids[0]) <= int(base.shard_ids[-1]):
+        raise CommitError(
+            f"appended shard {int(ids[0])} is not after the last shard "
+            f"{int(base.shard_ids[-1])} of the version it extends"
+        )
+    inherited = {commit: list(shards) for commit, shards in base.inherited.items()}
+    own = sorted(set(base.shard_ids.tolist()) - {s for v in inherited.values() for s in v})
+    if own:
+        inherited[base.commit_id] = own
+    merged = {
+        name: np.concatenate([base.lengths[name], values]).astype(np.int64)
+        for name, values in lengths.items()
+    }
+    return np.concatenate([base.shard_ids, ids]).astype(np.int64), merged, inherited
 
 
 ShardEncoderFactory = Callable[[], ShardEncoder]

@@ -18,6 +18,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -25,10 +26,11 @@ import pytest
 import s3fs
 from yarl import URL
 
-from rangestream.testing import FaultConfig, FaultKind, LatencyProxy, S3Endpoint
-from rangestream.testing.proxy import CONTROL_PREFIX
+from testkit import FaultConfig, FaultKind, LatencyProxy, LoggedRequest, S3Endpoint
+from testkit.proxy import CONTROL_PREFIX
 
 MIB = 1024 * 1024
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -464,6 +466,140 @@ def test_upstream_with_a_path_is_refused() -> None:
         LatencyProxy("http://127.0.0.1:9000/prefix")
 
 
+# -- request log -----------------------------------------------------------------------------
+
+
+def _key(stored: StoredObject) -> str:
+    return stored.path.partition("/")[2]
+
+
+def test_request_log_records_the_key_and_served_bytes_of_each_get_in_order(
+    proxy: LatencyProxy, proxied_fs: s3fs.S3FileSystem, stored: StoredObject
+) -> None:
+    ranges = [(0, 100), (4 * MIB - 50, 4 * MIB + 50), (len(stored.data) - 7, len(stored.data))]
+    proxy.start_request_log()
+
+    for start, end in ranges:
+        assert proxied_fs.cat_file(stored.path, start=start, end=end) == stored.data[start:end]
+    assert _get(_presigned(proxied_fs, stored.path)).body == stored.data  # one whole GET
+
+    log = proxy.take_request_log()
+    assert [(e.method, e.bucket, e.key, e.status) for e in log] == [
+        ("GET", stored.path.partition("/")[0], _key(stored), 206)
+    ] * 3 + [("GET", stored.path.partition("/")[0], _key(stored), 200)]
+    assert [e.served for e in log] == [*ranges, None]
+    assert [e.body_bytes for e in log] == [end - start for start, end in ranges] + [
+        len(stored.data)
+    ]
+    assert [e.range for e in log[:3]] == [f"bytes={a}-{b - 1}" for a, b in ranges]
+    assert log[3].range is None
+    assert all(e.arrived <= e.finished for e in log)
+    assert [e.arrived for e in log] == sorted(e.arrived for e in log)
+
+
+def test_request_log_resolves_a_suffix_range_to_absolute_offsets(
+    proxy: LatencyProxy, proxied_fs: s3fs.S3FileSystem, stored: StoredObject
+) -> None:
+    url = _presigned(proxied_fs, stored.path)
+    proxy.start_request_log()
+
+    async def suffix() -> bytes:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(url, headers={"Range": "bytes=-7"}) as response,
+        ):
+            return await response.read()
+
+    assert asyncio.run(suffix()) == stored.data[-7:]
+    (entry,) = proxy.take_request_log()
+    assert entry.range == "bytes=-7"
+    assert entry.served == (len(stored.data) - 7, len(stored.data))
+
+
+def test_request_log_is_empty_until_started_and_after_stopped(
+    proxy: LatencyProxy, proxied_fs: s3fs.S3FileSystem, stored: StoredObject
+) -> None:
+    proxied_fs.cat_file(stored.path, start=0, end=10)
+    assert proxy.take_request_log() == []
+
+    proxy.start_request_log()
+    proxied_fs.cat_file(stored.path, start=0, end=20)
+    (last,) = proxy.stop_request_log()
+    proxied_fs.cat_file(stored.path, start=0, end=30)
+
+    assert last.served == (0, 20)
+    assert proxy.take_request_log() == []
+    assert proxy.stats().requests == 3
+
+
+def test_request_log_returns_each_request_once_across_takes(
+    proxy: LatencyProxy, proxied_fs: s3fs.S3FileSystem, stored: StoredObject
+) -> None:
+    proxy.start_request_log()
+    proxied_fs.cat_file(stored.path, start=0, end=1)
+    first = proxy.take_request_log()
+    proxied_fs.cat_file(stored.path, start=1, end=3)
+    proxied_fs.cat_file(stored.path, start=3, end=6)
+    second = proxy.take_request_log()
+
+    assert [e.served for e in first] == [(0, 1)]
+    assert [e.served for e in second] == [(1, 3), (3, 6)]
+    assert proxy.take_request_log() == []
+
+
+def test_request_log_holds_back_a_request_until_its_response_is_sent(
+    proxy: LatencyProxy, proxied_fs: s3fs.S3FileSystem, stored: StoredObject
+) -> None:
+    proxy.delay = 1.0  # holds the request at the proxy while the log is taken
+    url = _presigned(proxied_fs, stored.path)
+    proxy.start_request_log()
+
+    async def scenario() -> tuple[list[LoggedRequest], list[LoggedRequest]]:
+        task = asyncio.ensure_future(_raw_get(url, byte_range=(5, 9)))
+        while proxy.stats().requests == 0:
+            await asyncio.sleep(0.01)
+        during = proxy.take_request_log()
+        assert (await task).body == stored.data[5:10]
+        return during, proxy.take_request_log()
+
+    during, after = asyncio.run(scenario())
+
+    assert during == []
+    assert [e.served for e in after] == [(5, 10)]
+
+
+def test_request_log_records_injected_faults_with_their_status(
+    proxy: LatencyProxy, proxied_fs: s3fs.S3FileSystem, stored: StoredObject
+) -> None:
+    url = _presigned(proxied_fs, stored.path)
+    proxy.start_request_log()
+    proxy.fail_next(FaultKind.SLOWDOWN)
+    failed = _get(url, byte_range=(0, 9))
+    proxy.fail_next(FaultKind.RESET, 2)
+    with pytest.raises(aiohttp.ClientConnectionError):
+        _get(url, byte_range=(0, 9))
+
+    log = proxy.take_request_log()
+
+    assert [(e.status, e.served) for e in log] == [(503, None), (None, None), (None, None)]
+    assert [e.body_bytes for e in log] == [len(failed.body), 0, 0]
+
+
+def test_request_log_lists_non_get_requests_with_an_empty_key_for_the_bucket(
+    proxy: LatencyProxy, proxied_fs: s3fs.S3FileSystem, stored: StoredObject
+) -> None:
+    bucket = stored.path.partition("/")[0]
+    proxy.start_request_log()
+
+    proxied_fs.info(stored.path)
+    proxied_fs.ls(bucket, refresh=True)
+
+    head, listing = proxy.take_request_log()
+    assert (head.method, head.key, head.body_bytes) == ("HEAD", _key(stored), 0)
+    assert (listing.method, listing.bucket, listing.key) == ("GET", bucket, "")
+    assert "list-type=2" in listing.query
+
+
 # -- control endpoints and process mode ------------------------------------------------------
 
 
@@ -492,6 +628,26 @@ def test_control_endpoints_serve_stats_and_reset_without_counting_themselves(
         assert proxy.stats().requests == 0
 
 
+def test_control_endpoints_start_take_and_stop_the_request_log_without_logging_themselves(
+    s3_server: S3Endpoint, stored: StoredObject
+) -> None:
+    with LatencyProxy(s3_server, delay=0.0, control_endpoints=True) as proxy:
+        fs = _fs(proxy.storage_options)
+        assert _control(proxy.endpoint_url, "log/start", method="POST") == {"recording": True}
+        fs.cat_file(stored.path, start=10, end=60)
+
+        taken = _control(proxy.endpoint_url, "log/take", method="POST")
+        fs.cat_file(stored.path, start=0, end=5)
+        stopped = _control(proxy.endpoint_url, "log/stop", method="POST")
+
+    assert taken["dropped"] == 0
+    (entry,) = [LoggedRequest.from_json(e) for e in taken["requests"]]
+    assert (entry.method, entry.key, entry.served, entry.body_bytes) == (
+        "GET", _key(stored), (10, 60), 50,
+    )  # fmt: skip
+    assert [tuple(e["served"]) for e in stopped["requests"]] == [(0, 5)]
+
+
 def test_control_endpoints_are_forwarded_when_not_enabled(proxy: LatencyProxy) -> None:
     # Off by default: an in-process proxy relays every path exactly as the client sent it.
     result = _get(URL(f"{proxy.endpoint_url}{CONTROL_PREFIX}/stats"))
@@ -503,10 +659,13 @@ def test_process_mode_prints_its_endpoint_and_serves_counters(
     s3_server: S3Endpoint, stored: StoredObject
 ) -> None:
     command = [
-        sys.executable, "-m", "rangestream.testing.proxy", "--upstream",
+        sys.executable, "-m", "testkit.proxy", "--upstream",
         s3_server.endpoint_url, "--delay-ms", "30", "--port", "0",
     ]  # fmt: skip
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # run from the repository root, as the benchmark harness does: the kit is not installed
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO_ROOT
+    )
     try:
         assert process.stdout is not None
         endpoint = process.stdout.readline().decode().strip()

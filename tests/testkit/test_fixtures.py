@@ -12,10 +12,11 @@ import fsspec
 import pytest
 from support.s3 import ENV_ENDPOINT, Location, S3Location, external_endpoint_from_env
 
-from rangestream.testing import S3Endpoint
+from testkit import S3Endpoint
 
-TESTS_DIR = Path(__file__).resolve().parent
-SRC_DIR = TESTS_DIR.parent / "src"
+TESTS_DIR = Path(__file__).resolve().parents[1]
+REPO_ROOT = TESTS_DIR.parent
+SRC_DIR = REPO_ROOT / "src"
 
 
 def test_location_is_an_empty_place_that_accepts_writes(location: Location) -> None:
@@ -89,7 +90,7 @@ def test_unstartable_seaweedfs_fails_the_run_instead_of_skipping(tmp_path: Path)
     )
     env = {k: v for k, v in os.environ.items() if k != ENV_ENDPOINT}
     env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
-    env["PYTHONPATH"] = os.pathsep.join([str(SRC_DIR), str(TESTS_DIR)])
+    env["PYTHONPATH"] = os.pathsep.join([str(SRC_DIR), str(TESTS_DIR), str(REPO_ROOT)])
 
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(suite)],

@@ -11,12 +11,14 @@ SigV4 signs the Host header. Clients are pointed at the proxy, so they sign for 
 host:port, and the proxy forwards that Host header unchanged; the upstream server verifies the
 signature against the same value the client signed.
 
-Run as a process (``python -m rangestream.testing.proxy --upstream URL --delay-ms 20``), it
+Run as a process (``python -m testkit.proxy --upstream URL --delay-ms 20``), it
 prints its endpoint URL on stdout and serves until SIGTERM/SIGINT. That mode exists for
 benchmarks: the proxy's CPU must not be charged to the client being measured, and clients in
 other interpreters read the counters over HTTP, from ``GET /__proxy__/stats`` (JSON) and
-``POST /__proxy__/reset``. Those control paths are answered by the proxy itself, never
-forwarded nor counted; ``__proxy__`` is not a valid bucket name, so no S3 request can clash.
+``POST /__proxy__/reset``, and the request log (which object and bytes each request asked
+for, see :mod:`testkit.request_log`) from ``POST /__proxy__/log/start``, ``.../log/take`` and
+``.../log/stop``. Those control paths are answered by the proxy itself, never forwarded nor
+counted; ``__proxy__`` is not a valid bucket name, so no S3 request can clash.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import socket
 import struct
 import sys
 import threading
+import time
 from collections import Counter, deque
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -45,7 +48,17 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
-__all__ = ["CONTROL_PREFIX", "FaultConfig", "FaultKind", "LatencyProxy", "ProxyStats", "main"]
+from testkit.request_log import LoggedRequest, RequestLog, served_range
+
+__all__ = [
+    "CONTROL_PREFIX",
+    "FaultConfig",
+    "FaultKind",
+    "LatencyProxy",
+    "LoggedRequest",
+    "ProxyStats",
+    "main",
+]
 
 #: Path prefix of the proxy's own endpoints (``stats``, ``reset``) when they are enabled.
 CONTROL_PREFIX = "/__proxy__"
@@ -212,17 +225,20 @@ class _Flight:
     never show up as two requests in flight.
     """
 
-    __slots__ = ("_landed", "_proxy")
+    __slots__ = ("_landed", "_proxy", "entry")
 
-    def __init__(self, proxy: LatencyProxy) -> None:
+    def __init__(self, proxy: LatencyProxy, entry: Any = None) -> None:
         self._proxy = proxy
         self._landed = False
+        self.entry = entry  # the request's log entry while recording, else None
 
     def land(self) -> None:
         if not self._landed:
             self._landed = True
             with self._proxy._lock:
                 self._proxy._in_flight -= 1
+            if self.entry is not None:
+                self._proxy._log.finish(self.entry, time.monotonic())
 
 
 class S3EndpointLike(Protocol):
@@ -278,9 +294,11 @@ class LatencyProxy:
         start_timeout: float = 10.0,
         control_endpoints: bool = False,
     ) -> None:
-        """``control_endpoints`` serves ``GET {CONTROL_PREFIX}/stats`` (the counters as JSON)
-        and ``POST {CONTROL_PREFIX}/reset`` for clients in other processes; off by default so
-        that, in-process, every request is forwarded exactly as a client sent it.
+        """``control_endpoints`` serves ``GET {CONTROL_PREFIX}/stats`` (the counters as JSON),
+        ``POST {CONTROL_PREFIX}/reset`` and ``POST {CONTROL_PREFIX}/log/{start,take,stop}``
+        (the request log, as ``{"requests": [...], "dropped": n}``) for clients in other
+        processes; off by default so that, in-process, every request is forwarded exactly as
+        a client sent it.
         """
         self._control_endpoints = control_endpoints
         if isinstance(upstream, str):
@@ -306,6 +324,7 @@ class LatencyProxy:
         self._rng = random.Random(self._faults.seed)
         self._forced: deque[FaultKind] = deque()
         self._request_seq = 0
+        self._log = RequestLog()
         if faults is not None:
             self.set_faults(faults)
 
@@ -377,6 +396,23 @@ class LatencyProxy:
         """Zero every counter; ``max_in_flight`` restarts from the requests still running."""
         with self._lock:
             self._counters = _Counters(in_flight=self._in_flight)
+
+    def start_request_log(self) -> None:
+        """Record every request from now on (method, path, range asked and served, status,
+        body bytes, times); the log starts empty. Off until called."""
+        self._log.start()
+
+    def take_request_log(self) -> list[LoggedRequest]:
+        """Requests completed since the last take (or the start), in arrival order.
+
+        Each is returned once; requests still running come with a later take. A client
+        that has received its responses finds them all in the next take.
+        """
+        return self._log.take()
+
+    def stop_request_log(self) -> list[LoggedRequest]:
+        """Stop recording; return the completed requests not taken yet."""
+        return self._log.stop()
 
     # -- addressing ------------------------------------------------------------------------
 
@@ -468,6 +504,9 @@ class LatencyProxy:
             # Registered before the catch-all, so these are never forwarded nor counted.
             app.router.add_get(f"{CONTROL_PREFIX}/stats", self._handle_stats)
             app.router.add_post(f"{CONTROL_PREFIX}/reset", self._handle_reset)
+            app.router.add_post(f"{CONTROL_PREFIX}/log/start", self._handle_log_start)
+            app.router.add_post(f"{CONTROL_PREFIX}/log/take", self._handle_log_take)
+            app.router.add_post(f"{CONTROL_PREFIX}/log/stop", self._handle_log_stop)
         app.router.add_route("*", "/{tail:.*}", self._handle)
         # handler_cancellation: when a client gives up (timeout), its handler stops too instead
         # of sleeping out a SLOW fault or streaming a body nobody reads.
@@ -491,6 +530,21 @@ class LatencyProxy:
     async def _handle_reset(self, request: web.Request) -> web.Response:
         self.reset_stats()
         return web.json_response(self.stats().to_json())
+
+    async def _handle_log_start(self, request: web.Request) -> web.Response:
+        self.start_request_log()
+        return web.json_response({"recording": True})
+
+    def _log_response(self, entries: list[LoggedRequest]) -> web.Response:
+        return web.json_response(
+            {"requests": [e.to_json() for e in entries], "dropped": self._log.dropped}
+        )
+
+    async def _handle_log_take(self, request: web.Request) -> web.Response:
+        return self._log_response(self.take_request_log())
+
+    async def _handle_log_stop(self, request: web.Request) -> web.Response:
+        return self._log_response(self.stop_request_log())
 
     def _admit(self, request: web.Request) -> tuple[FaultKind | None, int]:
         method = request.method.upper()
@@ -526,7 +580,13 @@ class LatencyProxy:
         status: int | None = None,
         fault: FaultKind | None = None,
         delay: float = 0.0,
+        flight: _Flight | None = None,
     ) -> None:
+        entry = flight.entry if flight is not None else None
+        if entry is not None:  # only the proxy's loop thread writes an entry
+            entry.body_bytes += body_bytes
+            if status is not None:
+                entry.status = status
         with self._lock:
             counters = self._counters
             counters.response_bytes += body_bytes
@@ -537,8 +597,18 @@ class LatencyProxy:
                 counters.faults[fault] += 1
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
+        arrived = time.monotonic()
         fault, seq = self._admit(request)
-        flight = _Flight(self)
+        flight = _Flight(
+            self,
+            self._log.open(
+                request.method.upper(),
+                request.path,
+                request.query_string,
+                request.headers.get("Range"),
+                arrived,
+            ),
+        )
         try:
             delay = self._delay
             if delay > 0:
@@ -547,7 +617,7 @@ class LatencyProxy:
             if fault is FaultKind.RESET:
                 return self._reset(request)
             if fault in _ERROR_RESPONSES:
-                return self._error_response(request, fault, seq)
+                return self._error_response(request, fault, seq, flight)
             if fault is FaultKind.SLOW:
                 self._count(fault=fault)
                 await asyncio.sleep(self._faults.slow_seconds)
@@ -573,12 +643,16 @@ class LatencyProxy:
         # aiohttp tries to send this, finds the transport closed, and drops it silently.
         return web.StreamResponse()
 
-    def _error_response(self, request: web.Request, fault: FaultKind, seq: int) -> web.Response:
+    def _error_response(
+        self, request: web.Request, fault: FaultKind, seq: int, flight: _Flight
+    ) -> web.Response:
         status, reason, code, message = _ERROR_RESPONSES[fault]
         request_id = f"rangestream-proxy-{seq}"
         body = _s3_error(code, message, request.path, request_id)
         sends_body = request.method.upper() != "HEAD"
-        self._count(body_bytes=len(body) if sends_body else 0, status=status, fault=fault)
+        self._count(
+            body_bytes=len(body) if sends_body else 0, status=status, fault=fault, flight=flight
+        )
         return web.Response(
             status=status,
             reason=reason,
@@ -606,7 +680,7 @@ class LatencyProxy:
             upstream = await upstream_cm.__aenter__()
         except aiohttp.ClientError as exc:
             body = f"rangestream proxy: upstream {self._upstream_url} failed: {exc!r}".encode()
-            self._count(body_bytes=len(body), status=502)
+            self._count(body_bytes=len(body), status=502, flight=flight)
             return web.Response(status=502, body=body, content_type="text/plain")
         try:
             return await self._relay(request, upstream, truncate_fraction, flight)
@@ -631,7 +705,9 @@ class LatencyProxy:
         if truncate_fraction is not None and sends_body and length:
             cut = min(int(length * truncate_fraction), length - 1)
             self._count(fault=FaultKind.TRUNCATE)
-        self._count(status=upstream.status)
+        self._count(status=upstream.status, flight=flight)
+        if flight.entry is not None:
+            flight.entry.served = served_range(upstream.headers.get("Content-Range"))
         await response.prepare(request)
         sent = 0
         while sends_body and (cut is None or sent < cut):
@@ -645,7 +721,7 @@ class LatencyProxy:
             if not chunk:
                 break
             piece = chunk if cut is None else chunk[: cut - sent]
-            self._count(body_bytes=len(piece))
+            self._count(body_bytes=len(piece), flight=flight)
             if sent + len(piece) == (length if cut is None else cut):
                 flight.land()  # the client may be done as soon as this piece arrives
             await response.write(piece)
@@ -668,7 +744,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parent started with ``--port 0`` learns the port without racing for a free one.
     """
     parser = argparse.ArgumentParser(
-        prog="python -m rangestream.testing.proxy",
+        prog="python -m testkit.proxy",
         description="A latency-adding, counting S3 proxy, with its counters served over HTTP "
         f"at {CONTROL_PREFIX}/stats (GET) and {CONTROL_PREFIX}/reset (POST).",
     )

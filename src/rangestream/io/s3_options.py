@@ -1,0 +1,224 @@
+"""What S3 storage options mean for reads: the lean client's configuration, and credentials.
+
+``lean_read_config`` accepts only storage options whose meaning the lean client reproduces
+exactly; anything else (``requester_pays``, SSE-C in ``s3_additional_kwargs``, ``profile``,
+a botocore ``session``, unknown ``config_kwargs``...) returns ``None`` and keeps reads on
+s3fs, so choosing the lean path never changes what a read does.
+
+- Credentials: ``key``/``secret``/``token`` (or ``username``/``password``, or
+  ``client_kwargs.aws_access_key_id``/``aws_secret_access_key``/``aws_session_token``), else
+  ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_SESSION_TOKEN``, else botocore's
+  credential chain (profiles, SSO, instance roles...), resolved once per process and only
+  when needed; refreshable credentials are frozen per request. ``anon=True``: unsigned.
+- Endpoint: ``endpoint_url`` or ``client_kwargs.endpoint_url``, else ``AWS_ENDPOINT_URL_S3`` /
+  ``AWS_ENDPOINT_URL``, else ``https://s3.<region>.amazonaws.com``. Region:
+  ``client_kwargs.region_name`` / ``config_kwargs.region_name``, else ``AWS_REGION`` /
+  ``AWS_DEFAULT_REGION``, else ``us-east-1``.
+- Addressing: path-style on custom endpoints; virtual-hosted on AWS for DNS-compatible bucket
+  names (``config_kwargs={"s3": {"addressing_style": "path" | "virtual"}}`` forces either).
+
+Opt out (reads through s3fs): ``RANGESTREAM_S3_READS=s3fs`` in the environment (read when a
+store is made, and inherited by DataLoader workers).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from rangestream.io.process import ProcessLocal
+
+__all__ = [
+    "DEFAULT_REGION",
+    "READS_ENV",
+    "S3ReadConfig",
+    "chain_credentials",
+    "lean_read_config",
+    "lean_reads_enabled",
+    "static_credentials",
+]
+
+READS_ENV = "RANGESTREAM_S3_READS"
+DEFAULT_REGION = "us-east-1"
+DEFAULT_CONNECT_TIMEOUT = 5.0
+DEFAULT_READ_TIMEOUT = 30.0
+DEFAULT_MAX_CONNECTIONS = 128
+
+#: Top-level s3fs options that do not change what a read sends or returns.
+_NEUTRAL_OPTIONS = frozenset(
+    {
+        "skip_instance_cache",
+        "use_listings_cache",
+        "listings_expiry_time",
+        "max_paths",
+        "default_block_size",
+        "default_fill_cache",
+        "default_cache_type",
+        "cache_regions",
+        "fixed_upload_size",
+        "max_concurrency",
+        "asynchronous",
+        "use_ssl",  # True is the default; False is refused below
+    }
+)
+_CREDENTIAL_OPTIONS = frozenset({"key", "secret", "token", "username", "password", "anon"})
+_CLIENT_KWARGS = frozenset(
+    {
+        "endpoint_url",
+        "region_name",
+        "aws_access_key_id",
+        "aws_secret_access_key",
+        "aws_session_token",
+    }
+)
+#: ``retries`` is accepted and ignored: RangeReader owns retries (the store turns botocore's off).
+_CONFIG_KWARGS = frozenset(
+    {"connect_timeout", "read_timeout", "max_pool_connections", "retries", "region_name", "s3"}
+)
+
+
+def lean_reads_enabled() -> bool:
+    """Whether the environment leaves S3 reads to ``S3ReadClient`` (the default)."""
+    return os.environ.get(READS_ENV, "").strip().lower() != "s3fs"
+
+
+@dataclass(frozen=True)
+class S3ReadConfig:
+    """What ``S3ReadClient`` needs from ``storage_options``; made by ``lean_read_config``.
+
+    ``key``/``secret`` left ``None`` (and ``anon`` false) means the environment or botocore's
+    credential chain supplies credentials when the first request is signed.
+    """
+
+    endpoint_url: str | None
+    region: str
+    anon: bool = False
+    key: str | None = None
+    secret: str | None = field(default=None, repr=False)
+    token: str | None = field(default=None, repr=False)
+    addressing_style: str = "auto"
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+    read_timeout: float = DEFAULT_READ_TIMEOUT
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+
+
+def lean_read_config(storage_options: dict[str, Any]) -> S3ReadConfig | None:
+    """The lean client's configuration, or ``None`` if s3fs must keep serving the reads.
+
+    ``None`` whenever an option is present whose effect on reads this client does not
+    reproduce, so choosing the lean path never changes what a read does.
+    """
+    options = dict(storage_options)
+    for name in list(options):
+        if name in _NEUTRAL_OPTIONS:
+            value = options.pop(name)
+            if name == "use_ssl" and value is not True:
+                return None
+    client_kwargs = dict(options.pop("client_kwargs", None) or {})
+    config_kwargs = dict(options.pop("config_kwargs", None) or {})
+    top_endpoint = options.pop("endpoint_url", None)
+    credentials = {name: options.pop(name) for name in list(options) if name in _CREDENTIAL_OPTIONS}
+    # requester_pays, version_aware and s3_additional_kwargs change nothing when off or empty
+    for name in ("requester_pays", "version_aware", "s3_additional_kwargs"):
+        if options.pop(name, None):
+            return None
+    if options:  # profile, session, loop, anything unknown
+        return None
+    if not set(client_kwargs) <= _CLIENT_KWARGS or not set(config_kwargs) <= _CONFIG_KWARGS:
+        return None
+    s3_config = dict(config_kwargs.get("s3") or {})
+    addressing_style = s3_config.pop("addressing_style", "auto") or "auto"
+    if s3_config or addressing_style not in {"auto", "path", "virtual"}:
+        return None
+
+    client_endpoint = client_kwargs.get("endpoint_url")
+    if top_endpoint and client_endpoint and top_endpoint != client_endpoint:
+        return None  # s3fs would refuse or pick one; let it
+    endpoint_url = (
+        top_endpoint
+        or client_endpoint
+        or os.environ.get("AWS_ENDPOINT_URL_S3")
+        or os.environ.get("AWS_ENDPOINT_URL")
+        or None
+    )
+    if endpoint_url is not None and not str(endpoint_url).startswith(("http://", "https://")):
+        return None
+    region = (
+        client_kwargs.get("region_name")
+        or config_kwargs.get("region_name")
+        or os.environ.get("AWS_REGION")
+        or os.environ.get("AWS_DEFAULT_REGION")
+        or DEFAULT_REGION
+    )
+
+    key = credentials.get("key") or credentials.get("username")
+    secret = credentials.get("secret") or credentials.get("password")
+    token = credentials.get("token")
+    if credentials.get("key") and credentials.get("username"):
+        return None
+    if credentials.get("secret") and credentials.get("password"):
+        return None
+    key = key or client_kwargs.get("aws_access_key_id")
+    secret = secret or client_kwargs.get("aws_secret_access_key")
+    token = token or client_kwargs.get("aws_session_token")
+    anon = bool(credentials.get("anon", False))
+    if not anon and bool(key) != bool(secret):
+        return None  # half a key pair: botocore's rules for that are its own
+    if anon:
+        key = secret = token = None
+
+    retries = config_kwargs.get("retries")
+    if retries is not None and not isinstance(retries, dict):
+        return None
+    try:
+        return S3ReadConfig(
+            endpoint_url=str(endpoint_url).rstrip("/") if endpoint_url else None,
+            region=str(region),
+            anon=anon,
+            key=key,
+            secret=secret,
+            token=token,
+            addressing_style=addressing_style,
+            connect_timeout=float(config_kwargs.get("connect_timeout", DEFAULT_CONNECT_TIMEOUT)),
+            read_timeout=float(config_kwargs.get("read_timeout", DEFAULT_READ_TIMEOUT)),
+            max_connections=int(config_kwargs.get("max_pool_connections", DEFAULT_MAX_CONNECTIONS)),
+        )
+    except (TypeError, ValueError):
+        return None
+
+
+# -- credentials -------------------------------------------------------------------------
+
+_chain = ProcessLocal[tuple[Any]]()  # (botocore credentials or None,)
+
+
+def chain_credentials() -> Any:
+    """botocore's credential chain, resolved once per process (a few ms, plus any I/O)."""
+
+    def resolve() -> tuple[Any]:
+        import botocore.session
+
+        return (botocore.session.get_session().get_credentials(),)
+
+    return (_chain.value or _chain.get_or_make(resolve))[0]
+
+
+@dataclass(frozen=True)
+class _Keys:
+    """What botocore's signer reads from credentials (importing ``botocore.credentials``
+    is slow, and static keys need none of it)."""
+
+    access_key: str
+    secret_key: str = field(repr=False)
+    token: str | None = field(default=None, repr=False)
+
+
+def static_credentials(config: S3ReadConfig) -> _Keys | None:
+    """Credentials from the options or the environment; ``None`` means ask the chain."""
+    if config.key and config.secret:
+        return _Keys(config.key, config.secret, config.token)
+    key, secret = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
+    if key and secret:
+        return _Keys(key, secret, os.environ.get("AWS_SESSION_TOKEN") or None)
+    return None

@@ -1,0 +1,300 @@
+"""A mixture read with a block shuffle per source.
+
+Each source runs its own block shuffle (:class:`~rangestream.loader.shuffle.BlockShuffle`)
+over its draws: draw ``j`` of source ``s`` in epoch ``e`` is, through its pass or down-sampling
+cycle (:class:`~rangestream.loader.mixture.SourceDraws`), a position of one of ``s``'s block
+orders. Readers (DataLoader workers of ranks) own regions of the *global* order, cut as the
+block shuffle cuts one source (:func:`~rangestream.loader.phases.reader_region`). The
+interleave's prefix counts are monotone, so a reader's region ``[a, b)`` of global positions
+holds, of each source, the contiguous draws ``[c_s(a), c_s(b))``: a region of that source's
+draw sequence sized by its count of the source's samples over the reader's steps, never a
+fixed ``B`` per step. Each source's region is walked buffer by buffer and read run by run
+(one ``read_many`` per run), and each global position takes the next window of its source;
+a reader holds one buffer per source (``K_s`` runs) plus each source's read-ahead.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import os
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from rangestream.errors import StateError
+from rangestream.loader.block_reading import needed_windows
+from rangestream.loader.mixture import SourceDraws
+from rangestream.loader.phases import phase_layout, reader_region
+from rangestream.loader.reading import raise_no_batch
+from rangestream.loader.shuffle import BlockShuffle
+from rangestream.loader.tasks import IterationTasks
+from rangestream.loader.worker_plan import RunRead
+
+if TYPE_CHECKING:
+    from rangestream.loader.iterable import BatchIterableDataset, Start
+    from rangestream.loader.mixed import MixedSource
+
+__all__ = ["CYCLE_EPOCH", "MixedBlockIterator", "generate_mixed_block_sync", "source_ranges"]
+
+CYCLE_EPOCH = 2**62
+"""The block order key of a source's down-sampling cycle (passes use their pass numbers)."""
+
+_CHUNK = 4096  # global positions whose sources are computed together
+
+Segment = tuple[np.ndarray, tuple[RunRead, ...]]
+
+
+def source_ranges(
+    draws: SourceDraws, epoch: int, first: int, stop: int
+) -> Iterator[tuple[int, int, int]]:
+    """``(order key, start, stop)``: the block-order positions of draws ``[first, stop)``.
+
+    Whole passes read pass ``epoch * passes + j // M`` at ``j % M``; the rest reads the
+    cycle at ``(j - passes * M + epoch * remainder) % M`` (as :meth:`SourceDraws.keys`), so a
+    range of draws is at most a few contiguous ranges of positions.
+    """
+    size, passes = draws.size, draws.passes
+    whole = passes * size
+    cycle_start = (epoch * draws.remainder) % size
+    j = first
+    while j < stop:
+        if j < whole:
+            number, index = divmod(j, size)
+            end = min(stop, (number + 1) * size)
+            yield epoch * passes + number, index, index + end - j
+        else:
+            index = (j - whole + cycle_start) % size
+            end = min(stop, j + size - index)
+            yield CYCLE_EPOCH, index, index + end - j
+        j = end
+
+
+@dataclass
+class MixedPlan:
+    """A reader's remaining steps, its global intervals and each source's segments."""
+
+    steps: np.ndarray
+    batch_size: int
+    workers: int
+    intervals: list[tuple[int, int]]
+    segments: list[Iterator[Segment]]
+
+
+def mixed_block_plan(dataset: BatchIterableDataset, reader: Any, start: Start) -> MixedPlan:
+    source: MixedSource = dataset.source  # type: ignore[assignment]
+    options = dataset.options
+    num_samples = dataset.check_num_samples(source.num_samples(reader))
+    shuffles = source.block_shuffle(num_samples, options.world_size * start.num_workers)  # type: ignore[operator]
+    position = start.phases
+    assert position is not None
+    layout, _ = phase_layout(num_samples, position)
+    if position.consumed_samples == 0 and layout.num_steps == 0:
+        raise_no_batch(dataset, num_samples)
+    steps, intervals = reader_region(num_samples, position, rank=options.rank,  # type: ignore[arg-type]
+                                     worker_id=start.worker_id)  # fmt: skip
+    order = source.order
+    ranges: list[list[tuple[int, int]]] = [[] for _ in source.sources]
+    for low, high in intervals:
+        before = order.draws_before(start.epoch, low)
+        after = order.draws_before(start.epoch, high)
+        for number in np.flatnonzero(after > before).tolist():
+            ranges[number].append((int(before[number]), int(after[number])))
+
+    def segments(number: int, shuffle: BlockShuffle) -> Iterator[Segment]:
+        draws = order.draws_per_source[number]
+        for first, stop in ranges[number]:
+            for key, low, high in source_ranges(draws, start.epoch, first, stop):
+                yield from shuffle.segments(key, low, high)
+
+    return MixedPlan(
+        steps=steps,
+        batch_size=options.batch_size,
+        workers=position.phase.num_workers,
+        intervals=intervals,
+        segments=[segments(number, shuffle) for number, shuffle in enumerate(shuffles)],
+    )
+
+
+class _Now:
+    """A read made when its result is asked for (the sync path's stand-in for a future)."""
+
+    def __init__(self, read: Callable[[], list[Any]]) -> None:
+        self._read = read
+
+    def result(self) -> list[Any]:
+        return self._read()
+
+
+class _SourceRuns:
+    """One source's windows in the reader's order, read run by run ahead of their use."""
+
+    def __init__(
+        self, segments: Iterator[Segment], submit: Callable[[RunRead], Any], budget: int
+    ) -> None:
+        self._segments = segments
+        self._submit = submit
+        self._budget = budget
+        self._ahead: deque[Segment] = deque()
+        self._unsent: deque[RunRead] = deque()
+        self._pending: deque[tuple[RunRead, int, Any]] = deque()
+        self._in_flight = 0
+        self._windows: list[int] = []
+        self._next = 0
+        self._have: dict[int, Any] = {}
+
+    def _pull(self) -> bool:
+        segment = next(self._segments, None)
+        if segment is None:
+            return False
+        self._ahead.append(segment)
+        self._unsent.extend(segment[1])
+        return True
+
+    def fill(self) -> None:
+        while self._unsent or self._pull():
+            read = self._unsent[0]
+            count = len(read.request_windows)
+            if self._pending and self._in_flight + count > self._budget:
+                return
+            self._unsent.popleft()
+            self._pending.append((read, count, self._submit(read)))
+            self._in_flight += count
+
+    def take(self) -> Any:
+        """The source's next window's sample."""
+        while self._next >= len(self._windows):
+            if not self._ahead and not self._pull():
+                raise StateError("a mixture source ran out of windows before its region ended")
+            self._windows = self._ahead.popleft()[0].tolist()
+            self._next, self._have = 0, {}
+        window = self._windows[self._next]
+        while window not in self._have:
+            self.fill()
+            read, count, handle = self._pending.popleft()
+            samples = handle.result()
+            self._in_flight -= count
+            self._have.update(needed_windows(read, samples))
+            self.fill()
+        self._next += 1
+        return self._have[window]
+
+
+def _steps(
+    dataset: BatchIterableDataset, plan: MixedPlan, runs: list[_SourceRuns], epoch: int, skip: int
+) -> Iterator[tuple[int, list[Any]]]:
+    """``(step, samples)``: the reader's positions in order, each its source's next window."""
+    order = dataset.source.order  # type: ignore[attr-defined]
+    size, first_step = plan.batch_size, int(plan.steps[0]) if plan.steps.size else 0
+    batch: list[Any] = []
+    taken = 0
+    for low, high in plan.intervals:
+        for chunk in range(low, high, _CHUNK):
+            sources, _ = order.draws(np.arange(chunk, min(high, chunk + _CHUNK)), epoch)
+            for number in sources.tolist():
+                batch.append(runs[number].take())
+                if len(batch) == size:
+                    step = first_step + taken * plan.workers
+                    taken += 1
+                    if taken > skip:
+                        yield step, batch
+                    batch = []
+
+
+def _runs(
+    dataset: BatchIterableDataset, reader: Any, plan: MixedPlan, epoch: int,
+    read: Callable[[int, list[Any]], Any],
+) -> list[_SourceRuns]:  # fmt: skip
+    source: MixedSource = dataset.source  # type: ignore[assignment]
+    runs = []
+    for number, segments in enumerate(plan.segments):
+        child, child_reader = source.sources[number], reader.readers[number]
+        budget = dataset.options.prefetch or 2 * (source.run_windows[number] or 1)
+
+        def submit(run: RunRead, number: int = number, child: Any = child,
+                   child_reader: Any = child_reader) -> Any:  # fmt: skip
+            windows = np.asarray(run.request_windows, dtype=np.int64)
+            return read(number, list(child.requests(child_reader, windows, epoch)))
+
+        runs.append(_SourceRuns(segments, submit, budget))
+    return runs
+
+
+def generate_mixed_block_sync(
+    dataset: BatchIterableDataset, reader: Any, start: Start
+) -> Iterator[Any]:
+    """The reader's batches of a block-shuffled mixture, read run by run (local disk)."""
+    plan = mixed_block_plan(dataset, reader, start)
+    source: MixedSource = dataset.source  # type: ignore[assignment]
+
+    def read(number: int, requests: list[Any]) -> _Now:
+        child, child_reader = source.sources[number], reader.readers[number]
+        return _Now(lambda: child.read_many_sync(child_reader, requests))
+
+    runs = _runs(dataset, reader, plan, start.epoch, read)
+    collate = dataset.options.collate_fn
+    for step, samples in _steps(dataset, plan, runs, start.epoch, start.done):
+        dataset.worker_batches += 1
+        yield dataset.emit(step, collate(samples))  # type: ignore[misc]
+
+
+class MixedBlockIterator(Iterator[Any]):
+    """Batches of a block-shuffled mixture whose run reads run ahead on the I/O loop."""
+
+    def __init__(self, dataset: BatchIterableDataset, start: Start) -> None:
+        self._dataset = dataset
+        self._start = start
+        self._pid = os.getpid()
+        self._closed = False
+        self.tasks = IterationTasks()
+        self._steps: Iterator[tuple[int, list[Any]]] | None = None
+        self._started: concurrent.futures.Future[Any] | None = self.tasks.submit(self._open())
+
+    async def _open(self) -> tuple[Any, MixedPlan]:
+        reader = await self._dataset.async_reader(self.tasks)
+        return reader, mixed_block_plan(self._dataset, reader, self._start)
+
+    def __next__(self) -> Any:
+        if self._closed:
+            raise StopIteration
+        dataset = self._dataset
+        try:
+            if self._started is not None:
+                reader, plan = self._started.result()
+                self._started = None
+                source: MixedSource = dataset.source  # type: ignore[assignment]
+
+                def read(number: int, requests: list[Any]) -> Any:
+                    child = source.sources[number]
+                    return self.tasks.submit(child.read_many(reader.readers[number], requests))
+
+                runs = _runs(dataset, reader, plan, self._start.epoch, read)
+                for one in runs:
+                    one.fill()  # every source starts reading now
+                self._steps = _steps(dataset, plan, runs, self._start.epoch, self._start.done)
+            assert self._steps is not None
+            found = next(self._steps, None)
+            if found is not None:
+                step, samples = found
+                collated = dataset.options.collate_fn(samples)  # type: ignore[misc]
+                dataset.worker_batches += 1
+                return dataset.emit(step, collated)
+        except BaseException:
+            self.close()
+            raise
+        self.close()
+        raise StopIteration
+
+    def close(self) -> None:
+        """Cancel what is in flight and exit the reader (idempotent)."""
+        if not self._closed:
+            self._closed = True
+            self.tasks.close()
+
+    def __del__(self) -> None:
+        if os.getpid() == getattr(self, "_pid", None):
+            with contextlib.suppress(Exception):
+                self.close()

@@ -1,0 +1,251 @@
+"""Sample sources: the one contract between the loader and what it reads.
+
+The loader (:class:`rangestream.loader.BatchIterableDataset`) cuts an epoch into batches,
+ranks and workers, reads ahead and keeps the position. What it reads comes from a
+:class:`SampleSource`, which answers four questions:
+
+- how many samples an epoch has (:meth:`~SampleSource.count` in the calling process,
+  :meth:`~SampleSource.num_samples` from a reader in the process that iterates);
+- which read request sequence index ``i`` of epoch ``e`` becomes
+  (:meth:`~SampleSource.requests`: the order, a shuffle or a draw, lives here);
+- how to read a batch of requests, synchronously (local disk: no event loop) or
+  asynchronously (object storage, on the process's I/O loop);
+- what identifies its order, so a saved position is only resumed under the same order.
+
+Windows and documents (:class:`IndexedSource`), random temporal windows
+(:class:`rangestream.loader.temporal.TemporalWindowSource`) and mixtures of sources
+(:class:`rangestream.loader.mixed.MixedSource`) are implementations; a dataset of whole
+records with ``read_many(indexes)`` readers is one more :class:`IndexedSource`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from rangestream.arguments import positive_integer
+from rangestream.errors import LoaderConfigError
+from rangestream.loader.permutation import Permutation
+from rangestream.loader.shuffle import DEFAULT_RUN_BYTES, BlockShuffle, buffer_runs_for
+
+__all__ = ["SHUFFLES", "IndexedDataset", "IndexedSource", "SampleSource", "shuffle_mode"]
+
+SHUFFLES = ("block", "window", False)
+"""Orders of an indexed source: the block shuffle (runs of windows read whole, mixed within
+buffers: :mod:`rangestream.loader.shuffle`), a per-window global shuffle, or storage
+order."""
+
+
+def shuffle_mode(shuffle: object) -> str | bool:
+    """``shuffle`` as one of :data:`SHUFFLES` (``True`` is the per-window shuffle)."""
+    if shuffle is True or shuffle == "window":
+        return "window"
+    if shuffle is False or shuffle == "block":
+        return shuffle  # type: ignore[return-value]
+    raise LoaderConfigError(f"shuffle must be 'block', 'window' or False, got {shuffle!r}")
+
+
+def _optional_count(value: int | None, name: str) -> int | None:
+    return None if value is None else positive_integer(value, name, error=LoaderConfigError)
+
+
+@runtime_checkable
+class SampleSource(Protocol):
+    """What the loader reads: samples per epoch, the order, and sync and async reads.
+
+    A source is a picklable description: it is sent to DataLoader workers, and it opens
+    nothing until the loader enters :meth:`open_sync` or :meth:`open_async` in the process
+    that iterates (after any fork). ``reader`` below is what that context yields.
+    """
+
+    #: Seed of the order (equal on every rank); saved with every state.
+    seed: int
+
+    def identity(self) -> dict[str, Any]:
+        """Plain data that defines the epoch's order (checked when a state is loaded)."""
+
+    def count(self) -> int:
+        """Samples per epoch, counted in the calling process (``len(loader)``)."""
+
+    def num_samples(self, reader: Any) -> int:
+        """Samples per epoch, from the reader of the iterating process."""
+
+    def requests(self, reader: Any, indices: np.ndarray, epoch: int) -> Sequence[Any]:
+        """Read requests of epoch-sequence ``indices`` (``int64``), in order."""
+
+    def open_sync(self) -> AbstractContextManager[Any] | None:
+        """A sync reader's context where reads are local copies; ``None`` reads remotely
+        through :meth:`open_async` on the process's I/O loop."""
+
+    def open_async(self) -> AbstractAsyncContextManager[Any]:
+        """The async reader's context, entered on the process's I/O loop."""
+
+    def read_many_sync(self, reader: Any, requests: list[Any]) -> list[Any]:
+        """Samples of ``requests`` from the reader of :meth:`open_sync`."""
+
+    async def read_many(self, reader: Any, requests: list[Any]) -> list[Any]:
+        """Samples of ``requests``, read together (one round of coalesced requests)."""
+
+    def sample_span_bytes(self) -> int | None:
+        """Storage bytes between consecutive samples of the epoch's order if they are
+        adjacent there and of one size (sequential windows), else ``None``."""
+
+    def reads_per_batch(self) -> int:
+        """``read_many`` calls the requests of one batch become (a mixture's sources)."""
+
+    def preload(self) -> None:
+        """Import the client code reading will need (before DataLoader workers fork)."""
+
+
+class IndexedDataset(Protocol):
+    """A picklable dataset whose readers index samples ``0 .. len(reader) - 1``.
+
+    ``StreamDataset`` and ``DocumentDataset``: ``sync_reader()`` and ``async_reader()``
+    open nothing until entered, and their readers have ``read_many(indexes)``.
+    """
+
+    def async_reader(self) -> AbstractAsyncContextManager[Any]: ...
+
+    def sync_reader(self) -> AbstractContextManager[Any]: ...
+
+
+class IndexedSource:
+    """Windows, documents or records of a dataset read by index.
+
+    Parameters
+    ----------
+    dataset : IndexedDataset
+        ``StreamDataset``, ``DocumentDataset`` or any dataset with the same readers.
+    shuffle : {"block", "window", False}, default "window"
+        ``"window"`` (or ``True``): a seeded global :class:`Permutation` per epoch.
+        ``"block"``: the block shuffle (:mod:`rangestream.loader.shuffle`); the loader
+        plans it by regions and reads runs whole, this source reads in storage order.
+        ``False``: storage order.
+    seed : int, default 0
+        Seed of the shuffle; equal on every rank.
+    run_windows, buffer_runs : int, optional
+        The block shuffle's run length and runs per buffer; chosen from the data and the
+        number of readers when omitted, and kept in the loader's state once chosen.
+    """
+
+    def __init__(
+        self,
+        dataset: IndexedDataset,
+        *,
+        shuffle: str | bool = "window",
+        seed: int = 0,
+        run_windows: int | None = None,
+        buffer_runs: int | None = None,
+    ) -> None:
+        self.dataset = dataset
+        self.shuffle = shuffle_mode(shuffle)
+        self.seed = int(seed)
+        self.run_windows = _optional_count(run_windows, "run_windows")
+        self.buffer_runs = _optional_count(buffer_runs, "buffer_runs")
+        #: The block shuffle's parameters given by the caller (others are chosen, and a
+        #: resumed loader takes them from its state).
+        self.explicit = frozenset(
+            name
+            for name, value in (("run_windows", run_windows), ("buffer_runs", buffer_runs))
+            if value is not None
+        )
+        self._permutation: Permutation | None = None
+        self._kept: Any = None
+
+    def __repr__(self) -> str:
+        return f"IndexedSource({self.dataset!r}, shuffle={self.shuffle!r}, seed={self.seed})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_kept"] = None  # readers are per process
+        return state
+
+    def identity(self) -> dict[str, Any]:
+        shuffle: str | bool = True if self.shuffle == "window" else self.shuffle
+        identity: dict[str, Any] = {"kind": "indexed", "shuffle": shuffle, "seed": self.seed}
+        if self.shuffle == "block":
+            identity["run_windows"] = self.run_windows
+            identity["buffer_runs"] = self.buffer_runs
+        return identity
+
+    def count(self) -> int:
+        if hasattr(type(self.dataset), "__len__"):
+            return len(self.dataset)  # type: ignore[arg-type]
+        with self.dataset.sync_reader() as reader:
+            return len(reader)
+
+    def num_samples(self, reader: Any) -> int:
+        return len(reader)
+
+    def positions(self, indices: np.ndarray, num_samples: int, epoch: int) -> np.ndarray:
+        """Sample positions of epoch-sequence ``indices`` (the per-window shuffle, if on)."""
+        if self.shuffle != "window":
+            return np.asarray(indices, dtype=np.int64)
+        permutation = self._permutation
+        if permutation is None or (permutation.n, permutation.epoch) != (num_samples, epoch):
+            permutation = self._permutation = Permutation(num_samples, self.seed, epoch)
+        return permutation(indices)
+
+    def requests(self, reader: Any, indices: np.ndarray, epoch: int) -> Sequence[int]:
+        positions: list[int] = self.positions(indices, len(reader), epoch).tolist()
+        return positions
+
+    def open_sync(self) -> AbstractContextManager[Any] | None:
+        if getattr(self.dataset, "is_local", False):
+            return self.dataset.sync_reader()
+        return None
+
+    def open_async(self) -> AbstractAsyncContextManager[Any]:
+        return self.dataset.async_reader()
+
+    def read_many_sync(self, reader: Any, requests: list[int]) -> list[Any]:
+        return list(reader.read_many(requests))
+
+    async def read_many(self, reader: Any, requests: list[int]) -> list[Any]:
+        # One read_many: the batch's ranges are coalesced (adjacent windows: one request).
+        return list(await reader.read_many(requests))
+
+    def block_shuffle(self, num_samples: int, readers: int) -> BlockShuffle:
+        """The block shuffle of an epoch of ``num_samples`` read by ``readers`` workers.
+
+        Its run length and buffer size are chosen on first use (runs of about
+        :data:`DEFAULT_RUN_BYTES`, buffers capped at each reader's share of runs) and then
+        kept: they define the order, so a resumed loader takes them from the state.
+        """
+        if self.run_windows is None:
+            span = getattr(self.dataset, "sample_span_bytes", None)
+            if not isinstance(span, int) or span < 1:
+                raise LoaderConfigError(
+                    f"shuffle='block' needs samples of one size adjacent in storage (token "
+                    f"windows); {self.dataset!r} has none: use shuffle='window'"
+                )
+            self.run_windows = max(1, DEFAULT_RUN_BYTES // span)
+        if self.buffer_runs is None:
+            self.buffer_runs = buffer_runs_for(num_samples, self.run_windows, readers)
+        return BlockShuffle(num_samples, self.seed, self.run_windows, self.buffer_runs)
+
+    def adopt_order_parameters(self, state: dict[str, Any]) -> None:
+        """Take the block shuffle's parameters from a saved state, unless given here."""
+        if self.shuffle != "block":
+            return
+        for key in ("run_windows", "buffer_runs"):
+            saved = state.get(key)
+            if key not in self.explicit and type(saved) is int and saved > 0:
+                setattr(self, key, saved)
+
+    def sample_span_bytes(self) -> int | None:
+        if self.shuffle == "window":
+            return None
+        span = getattr(self.dataset, "sample_span_bytes", None)
+        return int(span) if isinstance(span, int) and span > 0 else None
+
+    def reads_per_batch(self) -> int:
+        return 1
+
+    def preload(self) -> None:
+        preload = getattr(getattr(self.dataset, "storage", None), "preload_readers", None)
+        if callable(preload):
+            preload()

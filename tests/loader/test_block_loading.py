@@ -1,0 +1,236 @@
+"""The block shuffle through the real loader: exactly once, resume, requests per run.
+
+Ranks are simulated with explicit ``rank``/``world_size`` in one process; DataLoader workers
+with real worker processes where a test needs them, and in the hypothesis tests by giving the
+iterating process a worker identity (``get_worker_info``), so that many settings run in
+seconds. The expected batches are the pure module's (:func:`simulate_epoch`, whose
+exactly-once and resume properties are tested in ``test_shuffle.py``); the expected request
+counts are :class:`WindowGeometry`'s arithmetic over the plan's reads.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from support.s3 import Location
+
+from rangestream import StreamNumpyFormat, StreamStorage
+from rangestream.layout.block import ArrayLayout
+from rangestream.loader import (
+    BatchIterableDataset,
+    BatchOptions,
+    IndexedSource,
+    LoaderPosition,
+    StatefulDataLoader,
+)
+from rangestream.loader.geometry import WindowGeometry
+from rangestream.loader.phases import EpochPosition
+from rangestream.loader.shuffle import BlockShuffle, simulate_epoch
+
+from .fakes import FakeStreamDataset, FakeStreamStorage
+
+WINDOW = 4
+SEED = 13
+
+
+def fake_block_dataset(
+    n: int, run_windows: int, buffer_runs: int, *, rank: int, world: int, batch: int,
+    drop_last: bool, delay: float = 0.0, prefetch: int | None = None,
+) -> BatchIterableDataset:  # fmt: skip
+    windows = FakeStreamDataset(FakeStreamStorage(n * WINDOW), WINDOW, delay=delay)
+    source = IndexedSource(windows, shuffle="block", seed=SEED, run_windows=run_windows,
+                           buffer_runs=buffer_runs)  # fmt: skip
+    options = BatchOptions(batch_size=batch, rank=rank, world_size=world, drop_last=drop_last,
+                           prefetch=prefetch)  # fmt: skip
+    return BatchIterableDataset(source, options)
+
+
+def iterate_as_workers(
+    dataset: BatchIterableDataset, workers: int, monkeypatch: pytest.MonkeyPatch
+) -> dict[int, list[int]]:
+    """``step -> windows`` of one rank, each worker's share read as that worker would."""
+    dataset.tag_steps()
+    dataset.workers_per_rank = workers
+    out: dict[int, list[int]] = {}
+    for worker in range(workers):
+        info = SimpleNamespace(id=worker, num_workers=workers)
+        monkeypatch.setattr("rangestream.loader.iterable.get_worker_info", lambda info=info: info)
+        for step, batch, _ in dataset:
+            assert step % workers == worker  # the DataLoader's round robin
+            out[step] = [int(p) for p in batch["position"]]
+    monkeypatch.setattr("rangestream.loader.iterable.get_worker_info", lambda: None)
+    return out
+
+
+@settings(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(
+    n=st.integers(1, 300),
+    run_windows=st.integers(1, 12),
+    buffer_runs=st.integers(1, 5),
+    world=st.integers(1, 3),
+    batch=st.integers(1, 5),
+    workers=st.integers(1, 3),
+    drop_last=st.booleans(),
+    stop=st.floats(0, 1),
+    new_world=st.integers(1, 3),
+    new_batch=st.integers(1, 5),
+    new_workers=st.integers(1, 3),
+)  # fmt: skip
+def test_ranks_and_workers_load_the_block_order_and_resume_elastically(
+    monkeypatch: pytest.MonkeyPatch, n: int, run_windows: int, buffer_runs: int, world: int,
+    batch: int, workers: int, drop_last: bool, stop: float, new_world: int, new_batch: int,
+    new_workers: int,
+) -> None:  # fmt: skip
+    if n < world * batch and (drop_last or n == 0):
+        return  # an epoch without a batch is refused (tested elsewhere)
+    shuffle = BlockShuffle(n, SEED, run_windows, buffer_runs)
+    first = EpochPosition.start(world_size=world, batch_size=batch, num_workers=workers,
+                                drop_last=drop_last)  # fmt: skip
+    expected = simulate_epoch(shuffle, 1, first)
+    steps = max(step for _, step in expected) + 1
+    k = int(stop * steps)
+    loaded: dict[tuple[int, int], list[int]] = {}
+    for rank in range(world):
+        dataset = fake_block_dataset(n, run_windows, buffer_runs, rank=rank, world=world,
+                                     batch=batch, drop_last=drop_last)  # fmt: skip
+        dataset.seek(LoaderPosition(1, 0, first))
+        for step, windows in iterate_as_workers(dataset, workers, monkeypatch).items():
+            loaded[(rank, step)] = windows
+    assert loaded == {key: value.tolist() for key, value in expected.items()}
+
+    # stop after k steps of every rank; resume with another setting
+    position = first.advance(k)
+    saved = LoaderPosition(1, position.consumed_samples, position)
+    state = json.loads(json.dumps(saved.state_dict()))
+    resumed_position = LoaderPosition.from_state_dict(state)
+    after = resumed_position.phases.resume(  # type: ignore[union-attr]
+        world_size=new_world, batch_size=new_batch, num_workers=new_workers, drop_last=False
+    )
+    loaded_after: dict[tuple[int, int], list[int]] = {}
+    for rank in range(new_world):
+        dataset = fake_block_dataset(n, run_windows, buffer_runs, rank=rank, world=new_world,
+                                     batch=new_batch, drop_last=False)  # fmt: skip
+        dataset.seek(LoaderPosition(1, after.consumed_samples, after))
+        for step, windows in iterate_as_workers(dataset, new_workers, monkeypatch).items():
+            loaded_after[(rank, step)] = windows
+    expected_after = simulate_epoch(shuffle, 1, after)
+    assert loaded_after == {key: value.tolist() for key, value in expected_after.items()}
+    # every window not consumed before the stop is loaded after it; only padding repeats
+    seen = {w for (_, step), ws in expected.items() if step < k for w in ws.tolist()}
+    rest = [w for ws in loaded_after.values() for w in ws]
+    assert set(range(n)) - seen <= set(rest)
+    assert len(rest) - len(set(range(n)) - seen) < new_world * new_batch
+
+
+def real_stream(location_url: str, options: dict[str, Any], tokens: int) -> StreamStorage:
+    storage = StreamStorage(location_url, StreamNumpyFormat(np.dtype([("tokens", "<i4")])),
+                            storage_options=options, chunk_bytes=64, block_bytes=1024)  # fmt: skip
+    with storage.sync_writer(overwrite=True) as writer:
+        writer.append(0, {"tokens": np.arange(tokens // 3, dtype="<i4")})
+        writer.append(1, {"tokens": np.arange(tokens // 3, tokens, dtype="<i4")})
+    return storage
+
+
+def geometry_for(tokens: int, window: int) -> WindowGeometry:
+    layout = ArrayLayout.for_sizes(np.dtype([("tokens", "<i4")]), (), chunk_bytes=64,
+                                   block_bytes=1024)  # fmt: skip
+    return WindowGeometry(
+        stream_bounds=(0, tokens // 3, tokens), block_rows=layout.block_rows,
+        chunk_rows=layout.chunk_rows, stored_chunk_bytes=layout.stored_chunk_nbytes,
+        stride=window, window_length=window,
+    )  # fmt: skip
+
+
+def test_each_run_is_read_with_the_requests_its_geometry_makes(location: Location) -> None:
+    tokens, window = 4000, 8  # 500 windows over two shards and 16 blocks
+    storage = real_stream(location.url, location.storage_options, tokens)
+    loader = StatefulDataLoader.from_storage(
+        storage, sequence_length=window, batch_size=5, num_workers=0, shuffle="block",
+        run_windows=40, buffer_runs=3, shuffle_seed=SEED, rank=0, world_size=1,
+    )  # fmt: skip
+    starts = [s for batch in loader for s in (batch["tokens"][:, 0] // window).tolist()]
+    assert sorted(starts) == list(range(500))  # 100 steps of 5: every window once
+    shuffle = BlockShuffle(500, SEED, 40, 3)
+    start = EpochPosition.start(world_size=1, batch_size=5, num_workers=1, drop_last=True)
+    plan = shuffle.worker_plan(0, start, rank=0, worker_id=0)
+    geometry = geometry_for(tokens, window)
+    groups = list(plan.groups())
+    reads = [read for group in groups for read in group.reads]
+    assert len(reads) == 13  # every run once: 12 of 40 windows and the short one of 20
+    expected = 1 + sum(geometry.requests(np.asarray(read.request_windows)) for read in reads)
+    if location.is_s3:  # remote: the first step's windows are read alone, ahead of the runs
+        first = groups[0]
+        expected += geometry.requests(first.windows[first.steps == first.steps[0]])
+    assert loader.source_stats()["source"]["requests"] == expected
+    assert expected < 1 + 500 / 10  # far below a request per window
+
+
+def test_workers_in_their_own_processes_resume_elastically_over_s3_and_local(
+    location: Location,
+) -> None:
+    tokens, window = 4000, 8
+    storage = real_stream(location.url, location.storage_options, tokens)
+
+    def loader(rank: int, world: int, workers: int, batch: int) -> StatefulDataLoader:
+        return StatefulDataLoader.from_storage(
+            storage, sequence_length=window, batch_size=batch, num_workers=workers,
+            shuffle="block", run_windows=30, shuffle_seed=SEED, rank=rank, world_size=world,
+            drop_last=False,
+        )  # fmt: skip
+
+    first = [loader(rank, 2, 2, 4) for rank in range(2)]
+    iterators = [iter(one) for one in first]
+    seen = [s for it in iterators for _ in range(7) for s in _starts(next(it), window)]
+    states = [one.state_dict() for one in first]
+    # every rank holds the same position
+    assert {**states[0], "rank": 1} == states[1]
+    assert states[0]["phases"] == [[2, 4, 2, 0, 7]]
+    del iterators
+    rest = []
+    for rank in range(3):
+        resumed = loader(rank, 3, 2, 3)
+        resumed.load_state_dict(states[1])
+        rest.extend(s for batch in resumed for s in _starts(batch, window))
+    assert len(set(seen)) == len(seen) == 56
+    # 444 windows remain: 50 steps of 9, the last 6 padded from the start of the order
+    assert len(rest) == 450 and set(seen) | set(rest) == set(range(500))
+    assert len(set(rest) - set(seen)) == 444
+
+
+def _starts(batch: dict[str, Any], window: int) -> list[int]:
+    return (batch["tokens"][:, 0] // window).tolist()
+
+
+def test_reads_in_flight_stay_within_the_prefetch_budget() -> None:
+    dataset = fake_block_dataset(400, 20, 4, rank=0, world=1, batch=4, drop_last=True,
+                                 delay=0.002, prefetch=40)  # fmt: skip
+    windows = [int(p) for batch in dataset for p in batch["position"]]
+    assert sorted(windows) == list(range(400))
+    stats = dataset.source.dataset.stats  # type: ignore[attr-defined]
+    assert stats.max_in_flight <= 40
+    # the first step's 4 windows alone (ahead of the runs that hold them), then one
+    # read_many per run, in listed order
+    assert stats.read_many_sizes == [4] + [20] * 20
+
+
+def test_block_state_carries_its_parameters_and_phases(tmp_path: Path) -> None:
+    storage = real_stream(str(tmp_path / "t"), {}, 4000)
+    loader = StatefulDataLoader.from_storage(storage, sequence_length=8, shuffle="block",
+                                             num_workers=0, rank=0, world_size=1)  # fmt: skip
+    iterator = iter(loader)
+    next(iterator)
+    state = loader.state_dict()
+    assert state == json.loads(json.dumps(state))
+    assert state["shuffle"] == "block" and state["phases"] == [[1, 8, 1, 1, 1]]
+    assert state["run_windows"] == (4 << 20) // 32 and state["buffer_runs"] == 1

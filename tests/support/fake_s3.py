@@ -1,0 +1,135 @@
+"""An S3 endpoint that misbehaves on purpose: it serves a local directory as one bucket.
+
+Real S3 servers answer a range GET with the range asked for. Some proxies and gateways do
+not: they ignore ``Range`` (200 with the whole object) or answer another range than asked.
+This small aiohttp app serves the files under a local directory as ``<bucket>/<key>`` and,
+per ``mode``, answers honestly, ignores ranges, or shifts them; it checks no signature.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+__all__ = ["FakeS3", "fake_s3"]
+
+_RANGE = re.compile(r"bytes=(\d*)-(\d*)")
+
+
+class FakeS3:
+    """``mode``: ``"honest"``, ``"ignore_range"`` (200, whole object) or ``"shift"`` (206 with
+    another range of the same length, ``shift`` bytes later, and its bytes)."""
+
+    def __init__(self, root: Path, bucket: str = "fake-bucket", shift: int = 64) -> None:
+        self.root = root
+        self.bucket = bucket
+        self.mode = "honest"
+        self.shift = shift
+        self.gets = 0
+        self.body_bytes = 0
+        self.port = _free_port()
+        self._loop = asyncio.new_event_loop()
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def storage_options(self, **extra: Any) -> dict[str, Any]:
+        return {
+            "key": "fake",
+            "secret": "fake-secret",
+            "client_kwargs": {"endpoint_url": self.endpoint_url, "region_name": "us-east-1"},
+            **extra,
+        }
+
+    def url(self, key: str) -> str:
+        return f"s3://{self.bucket}/{key}"
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        app = web.Application()
+        app.router.add_route("*", "/{path:.*}", self._handle)
+        runner = web.AppRunner(app)
+        self._loop.run_until_complete(runner.setup())
+        self._loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", self.port).start())
+        self._started.set()
+        self._loop.run_forever()
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        bucket, _, key = request.match_info["path"].partition("/")
+        path = self.root / key
+        if bucket != self.bucket or not key or not path.is_file():
+            body = b"<Error><Code>NoSuchKey</Code><Message>missing</Message></Error>"
+            return web.Response(status=404, body=body, content_type="application/xml")
+        headers = {"ETag": '"fake"', "Accept-Ranges": "bytes"}
+        size = path.stat().st_size
+        if request.method == "HEAD":
+            return web.Response(status=200, headers={**headers, "Content-Length": str(size)})
+        self.gets += 1
+        match = _RANGE.fullmatch(request.headers.get("Range", ""))
+        if match is None or self.mode == "ignore_range":
+            return await self._whole(request, path, size, headers)
+        data = path.read_bytes()
+        first, last = match.groups()
+        if first == "":  # a suffix: the last n bytes
+            start, end = max(0, len(data) - int(last)), len(data)
+        else:
+            start, end = int(first), min(len(data), int(last) + 1 if last else len(data))
+        if start >= len(data):
+            return web.Response(status=416, headers={"Content-Range": f"bytes */{len(data)}"})
+        if self.mode == "shift":
+            start, end = start + self.shift, min(len(data), end + self.shift)
+        self.body_bytes += end - start
+        headers["Content-Range"] = f"bytes {start}-{end - 1}/{len(data)}"
+        return web.Response(status=206, body=data[start:end], headers=headers)
+
+    async def _whole(
+        self, request: web.Request, path: Path, size: int, headers: dict[str, str]
+    ) -> web.StreamResponse:
+        """The whole object, streamed a MiB at a time (a client may stop reading early)."""
+        response = web.StreamResponse(status=200, headers=headers)
+        response.content_length = size
+        await response.prepare(request)
+        with open(path, "rb") as handle:
+            while piece := handle.read(1 << 20):
+                try:
+                    await response.write(piece)
+                except (ConnectionResetError, RuntimeError):
+                    return response  # the client had what it wanted and hung up
+                self.body_bytes += len(piece)
+        await response.write_eof()
+        return response
+
+    def start(self) -> FakeS3:
+        self._thread.start()
+        self._started.wait(10)
+        return self
+
+    def close(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@contextmanager
+def fake_s3(root: Path) -> Iterator[FakeS3]:
+    server = FakeS3(root).start()
+    try:
+        yield server
+    finally:
+        server.close()
