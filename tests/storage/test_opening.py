@@ -231,3 +231,82 @@ def test_a_prefix_without_a_dataset_in_an_existing_bucket_is_not_committed(
                             storage_options=s3_url.storage_options)  # fmt: skip
     with pytest.raises(DatasetNotFoundError, match="never committed"):
         storage.sync_reader().read(0, 1)
+
+
+# -- opening costs the same whatever the records ----------------------------------------------
+
+
+class Spans:
+    """A stream with metadata: each record is one run with one payload."""
+
+    stream_dtype = np.dtype("<i4")
+
+    def size(self, data: tuple[np.ndarray, bytes]) -> int:
+        return len(data[0])
+
+    def pack(self, data: tuple[np.ndarray, bytes]) -> Any:
+        tokens, payload = data
+        for i in range(len(tokens)):
+            yield 0, payload if i == 0 else None
+        return tokens
+
+    def unpack(self, stream: Any, shards: Any, index: Any, payloads: Any) -> Any:
+        return stream, payloads
+
+
+def kind_storage(kind: str, path: Path) -> Any:
+    from rangestream import StreamWithMetaStorage
+
+    if kind == "stream":
+        return StreamStorage(path, StreamNumpyFormat(TOKENS))
+    if kind == "document":
+        return DocumentStorage(path, Raw())
+    return StreamWithMetaStorage(path, Spans())
+
+
+def claimed_records(kind: str, path: Path, records: int) -> Any:
+    """A dataset of ``kind`` whose 3 shards claim ``records`` records each (no objects)."""
+    rows = {
+        "stream": {"stream": records, "record_ends": records},
+        "document": {"payload_heap": 8 * records, "payload_offsets": records + 1},
+        "stream_with_meta": {"stream": records, "record_ends": records, "runs": 2 * records,
+                             "payload_heap": 8 * records, "run_index": -(-records // 256)},
+    }[kind]  # fmt: skip
+    storage = kind_storage(kind, path)
+    session = storage.parallel_write()
+    part = {"part_id": "claimed", "shards": {str(s): rows for s in range(3)}}
+    (path / session.prefix / "parts").mkdir(parents=True)
+    (path / session.prefix / "parts" / "claimed.json").write_text(json.dumps(part))
+    session.commit()
+    return storage
+
+
+def opened_cost(storage: Any) -> tuple[int, int, int]:
+    """Requests, bytes and traced memory held by an open (imports warmed outside it)."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        reader = storage.sync_reader()
+        reader.__enter__()
+        stats = reader.stats
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    reader.close()
+    return stats.requests, stats.bytes, held
+
+
+@pytest.mark.parametrize("kind", ["stream", "document", "stream_with_meta"])
+def test_every_kind_opens_with_one_request_and_the_same_memory_from_a_thousand_to_a_billion_records(
+    tmp_path: Path, kind: str
+) -> None:
+    opened_cost(claimed_records(kind, tmp_path / "warm", 10))  # imports, outside the measure
+    costs = {}
+    for records in (10**3, 10**9):
+        path = tmp_path / f"ds{records}"
+        requests, nbytes, held = opened_cost(claimed_records(kind, path, records))
+        assert requests == 1 and nbytes == (path / "zarr.json").stat().st_size
+        costs[records] = (nbytes, held)
+    # the root's numbers have 6 more digits; nothing else grows with the records
+    assert costs[10**9][0] - costs[10**3][0] < 200
+    assert abs(costs[10**9][1] - costs[10**3][1]) < 4096
