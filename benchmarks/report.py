@@ -411,7 +411,7 @@ def _loader_targets(by_w: dict[str, list[WorkloadResult]]) -> list[str]:
 
 def _shuffled_loader_targets(by_w: dict[str, list[WorkloadResult]]) -> list[str]:
     """Issue #20's goals for a shuffled epoch over S3, for rangestream's best shuffled loader
-    row (the per-window shuffle until the block-shuffle row exists) against LitData's."""
+    row (the block shuffle's, when it ran) against LitData's."""
     rows = [
         r
         for r in _loader_rows(by_w)
@@ -466,9 +466,7 @@ def _shuffle_section(section: dict[str, Any] | None) -> list[str]:
         "an ideal shuffle sits at one over the neighbourhoods), the share of consecutive "
         "windows within 4 MiB of each other, and their median distance as a fraction of the "
         f"dataset (higher is better). Mean over {section['epochs']} epoch(s), min{DASH}max "
-        "in brackets. *emitted by*: the system's DataLoader, or rangestream's order module "
-        "(`rangestream.loader.shuffle`, the block shuffle's order as the loader will emit "
-        'it; the loader does not take `shuffle="block"` yet). *mixed per worker*: the '
+        "in brackets. *emitted by*: the system's DataLoader. *mixed per worker*: the "
         "windows a worker draws a batch from; *reads*: how the order reads storage.",
         "",
         *sq.render(section),
@@ -609,6 +607,8 @@ STYLES: dict[str, dict[str, Any]] = {
     "rangestream-dataset": {"color": "tab:red", "ls": "", "marker": "P"},
     "rangestream-async": {"color": "tab:red", "ls": "-", "marker": "o"},
     "rangestream-loader": {"color": "darkred", "ls": "", "marker": "D"},
+    "rangestream-loader-block": {"color": "darkred", "ls": "", "marker": "*"},
+    "rangestream-loader-mixed": {"color": "darkred", "ls": "", "marker": "v"},
     "litdata-window": {"color": "tab:blue", "ls": "-", "marker": "o"},
     "litdata-dataset": {"color": "tab:blue", "ls": "", "marker": "s"},
     "litdata-loader": {"color": "navy", "ls": "", "marker": "D"},

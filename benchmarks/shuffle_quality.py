@@ -18,14 +18,12 @@ orders alone and identically for every system:
   emitted stream, as a fraction of the dataset (median, and the share under 4 MiB);
 
 against an ideal uniform shuffle of the same windows. Orders: rangestream's window shuffle
-through its ``StatefulDataLoader`` (``shuffle=True``); the block shuffle at several
-(buffer runs K, run size), from the order module ``rangestream.loader.shuffle`` (simulated:
-the loader does not take ``shuffle="block"`` yet; when it does, :func:`_emit_block` is the
-hook to switch to the loader's own order); LitData 0.2.76's ``StreamingDataLoader`` over
-``StreamingDataset(shuffle=True)`` in 4 MB chunks; MosaicML Streaming 0.13's
-``StreamingDataLoader`` over ``StreamingDataset(shuffle=True)`` (its defaults: ``py1e``, a
-shuffle block of 262,144 samples). Each figure is the mean over the epochs, with the spread
-(min-max) in brackets.
+through its ``StatefulDataLoader`` (``shuffle="window"``); the block shuffle at several
+(buffer runs K, run size) through the same loader (``shuffle="block"``); LitData 0.2.76's
+``StreamingDataLoader`` over ``StreamingDataset(shuffle=True)`` in 4 MB chunks; MosaicML
+Streaming 0.13's ``StreamingDataLoader`` over ``StreamingDataset(shuffle=True)`` (its
+defaults: ``py1e``, a shuffle block of 262,144 samples). Each figure is the mean over the
+epochs, with the spread (min-max) in brackets.
 
 Module level imports numpy only: the MosaicML emitter runs in an interpreter without
 rangestream.
@@ -86,7 +84,7 @@ ORDERS: tuple[Order, ...] = (
             _block_name(k, run),
             f"rangestream block shuffle, K={k}, runs of {run >> 20} MiB",
             "main",
-            "order module",
+            "loader",
         )
         for k, run in BLOCK_CONFIGS
     ),
@@ -137,9 +135,8 @@ def _emit_uniform(tokens: int, epochs: int, work: Path) -> tuple[list[Batches], 
     return out, {"memory": DASH, "reads": DASH}
 
 
-def _emit_rangestream_window(
-    tokens: int, epochs: int, work: Path
-) -> tuple[list[Batches], dict[str, Any]]:
+def _rangestream_storage(tokens: int, work: Path) -> Any:
+    """The token stream as a rangestream dataset of four shards (prepared once)."""
     import rangestream as rs
     from rangestream.layout.manifest import FORMAT_VERSION
 
@@ -154,20 +151,34 @@ def _emit_rangestream_window(
                 w.append(shard, {"tokens": np.array(stream[part[0] : part[-1] + 1])})
 
     target = _prepared(work / "rangestream", f"{tokens}-{FORMAT_VERSION}", write)
-    storage = rs.StreamStorage(str(target / "ds"), rs.StreamNumpyFormat(dtype))
+    return rs.StreamStorage(str(target / "ds"), rs.StreamNumpyFormat(dtype))
+
+
+def _loader_epochs(storage: Any, epochs: int, **options: Any) -> list[Batches]:
+    """Each epoch's batches of source byte offsets, as rangestream's DataLoader emits them."""
+    import rangestream as rs
+
     loader = rs.StatefulDataLoader.from_storage(
         storage,
         sequence_length=WINDOW - 1,
         next_token=True,
         batch_size=BATCH,
         num_workers=WORKERS,
-        shuffle=True,
         shuffle_seed=SEED,
+        **options,
     )
     out = []
     for epoch in range(epochs):
         loader.set_epoch(epoch)
         out.append([np.asarray(b["tokens"][:, 0], dtype=np.int64) * TOKEN.itemsize for b in loader])
+    return out
+
+
+def _emit_rangestream_window(
+    tokens: int, epochs: int, work: Path
+) -> tuple[list[Batches], dict[str, Any]]:
+    storage = _rangestream_storage(tokens, work)
+    out = _loader_epochs(storage, epochs, shuffle="window")
     return out, {"memory": DASH, "reads": "one range request per window"}
 
 
@@ -212,27 +223,17 @@ def requests_per_window(
 def _emit_block(
     k: int, run_bytes: int, tokens: int, epochs: int, work: Path
 ) -> tuple[list[Batches], dict[str, Any]]:
-    """The block shuffle's order, from the order module the loader will use.
-
-    The hook for the loader row: once ``StatefulDataLoader.from_storage(shuffle="block")``
-    exists, emit these batches from it as :func:`_emit_rangestream_window` does and set the
-    row's ``emitted_by`` to "loader".
-    """
-    from rangestream.loader.shuffle import (
-        BlockShuffle,
-        EpochPosition,
-        run_windows_for,
-        simulate_epoch,
-    )
+    """The block shuffle's order as the DataLoader emits it (``shuffle="block"``), with runs
+    of ``run_bytes`` and ``K`` runs per buffer; its reads from the order module's request
+    arithmetic over 4 MiB blocks (exact: the loader reads each run's span with one range
+    request per block it touches)."""
+    from rangestream.loader.shuffle import BlockShuffle, run_windows_for
 
     geo = geometry(tokens, shards=4)
     run = run_windows_for(geo, run_bytes)
+    storage = _rangestream_storage(tokens, work)
+    out = _loader_epochs(storage, epochs, shuffle="block", run_windows=run, buffer_runs=k)
     shuffle = BlockShuffle(geo.num_windows, seed=SEED, run_windows=run, buffer_runs=k)
-    out = []
-    for epoch in range(epochs):
-        position = EpochPosition.start(world_size=1, batch_size=BATCH, num_workers=WORKERS)
-        batches = simulate_epoch(shuffle, epoch, position)
-        out.append([batches[key] * STRIDE * TOKEN.itemsize for key in sorted(batches)])
     requests, read = requests_per_window(shuffle, geo, 1, WORKERS)
     return out, {
         "memory": f"{k * run * STRIDE * TOKEN.itemsize / 2**20:.0f} MiB",

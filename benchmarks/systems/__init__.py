@@ -44,6 +44,14 @@ REGISTRY: tuple[SystemEntry, ...] = (
         "rangestream", ("local", "s3"),
     ),
     SystemEntry(
+        "rangestream-loader-block", "benchmarks.systems.rangestream_systems",
+        "RangestreamBlockLoader", "rangestream", ("local", "s3"),
+    ),
+    SystemEntry(
+        "rangestream-loader-mixed", "benchmarks.systems.rangestream_systems",
+        "RangestreamMixedLoader", "rangestream", ("local", "s3"),
+    ),
+    SystemEntry(
         "litdata-window", "benchmarks.systems.litdata_systems", "LitDataWindow",
         "litdata-window", ("local", "s3"),
     ),

@@ -339,9 +339,9 @@ class RangestreamLoader(_Rangestream):
     which is the time to first batch a training loop sees. No cache directory: local disk
     used is 0.
 
-    The loader rows still to come subclass this one: :meth:`loader_options` (the
-    ``from_storage`` arguments) for ``shuffle="block"``, :meth:`make_loader` for a mixture
-    of two sources (benchmarks/README.md, "Loader rows to come").
+    :class:`RangestreamBlockLoader` overrides :meth:`loader_options` (the
+    ``from_storage`` arguments) for ``shuffle="block"``; :meth:`make_loader` is the hook for
+    a mixture of sources.
     """
 
     name = "rangestream-loader"
@@ -363,7 +363,8 @@ class RangestreamLoader(_Rangestream):
             any_order=shuffled,
             note=f"StatefulDataLoader.from_storage(sequence_length=2048, next_token=True, "
             f"batch_size={LOADER_BATCH}, num_workers={LOADER_WORKERS}, "
-            f"shuffle={shuffled}), iterated across repeats (epochs restart); no local cache",
+            f"shuffle={'window' if shuffled else False!r}), iterated across repeats "
+            "(epochs restart); no local cache",
         )
 
     def open(self, data: DatasetData, location: Location) -> None:
@@ -380,7 +381,9 @@ class RangestreamLoader(_Rangestream):
             "sequence_length": self._sequence_length,
             "batch_size": LOADER_BATCH,
             "num_workers": LOADER_WORKERS,
-            "shuffle": self.workload in LOADER_WORKLOADS,
+            # explicit: ``True`` would take the storage's default (the block shuffle
+            # over object storage), and this row is the per-window shuffle
+            "shuffle": "window" if self.workload in LOADER_WORKLOADS else False,
             "next_token": True,
         }
 
@@ -438,4 +441,78 @@ class RangestreamLoader(_Rangestream):
         self._iter = None  # ends the workers
         self._rows.clear()
         self._io.clear()
+        super().close()
+
+
+class RangestreamBlockLoader(RangestreamLoader):
+    """The block shuffle (``shuffle="block"``, its data-chosen runs and ``K``) on the
+    shuffled workload: runs of about 4 MiB read whole and mixed in a buffer of runs, the
+    default over object storage, beside the per-window shuffle of ``rangestream-loader``."""
+
+    name = "rangestream-loader-block"
+    label = f"rangestream StatefulDataLoader, block shuffle ({LOADER_WORKERS} workers)"
+
+    def supports(self, workload: str, location: str) -> Support | None:
+        if workload not in LOADER_WORKLOADS:
+            return None
+        return Support(
+            own_concurrency=True,
+            any_order=True,
+            note=f"StatefulDataLoader.from_storage(sequence_length=2048, next_token=True, "
+            f"batch_size={LOADER_BATCH}, num_workers={LOADER_WORKERS}, shuffle='block') "
+            "(runs of about 4 MiB, K=8 runs per buffer), iterated across repeats; no local "
+            "cache",
+        )
+
+    def loader_options(self) -> dict[str, Any]:
+        return {**super().loader_options(), "shuffle": "block"}
+
+
+class RangestreamMixedLoader(RangestreamLoader):
+    """A weighted mixture through the one loader: ``from_storages`` over two sources.
+
+    Both sources are the workload's stored stream, opened twice under two names with
+    weights 0.7 and 0.3, so that every emitted window is still checked against the raw
+    tokens; each source runs its own shuffle (the storages' default: the block shuffle over
+    object storage, the per-window shuffle on local disk). Beside ``rangestream-loader`` and
+    ``rangestream-loader-block`` it shows what mixing costs in throughput and requests.
+    """
+
+    name = "rangestream-loader-mixed"
+    label = f"rangestream StatefulDataLoader, mixture of 2 sources ({LOADER_WORKERS} workers)"
+    WEIGHTS = (0.7, 0.3)
+
+    def supports(self, workload: str, location: str) -> Support | None:
+        if workload not in LOADER_WORKLOADS:
+            return None
+        return Support(
+            own_concurrency=True,
+            any_order=True,
+            note=f"StatefulDataLoader.from_storages({{a: {self.WEIGHTS[0]}, b: "
+            f"{self.WEIGHTS[1]}}}, sequence_length=2048, next_token=True, "
+            f"batch_size={LOADER_BATCH}, num_workers={LOADER_WORKERS}), a and b the same "
+            "stored stream opened twice; each source's default shuffle; no local cache",
+        )
+
+    def open(self, data: DatasetData, location: Location) -> None:
+        self._second = self._make_storage(data, location, 16)
+        super().open(data, location)
+
+    def make_loader(self) -> Any:
+        from rangestream import StatefulDataLoader
+
+        options = self.loader_options()
+        del options["shuffle"]  # each source's default
+        weights = dict(zip((self._storage, self._second), self.WEIGHTS, strict=True))
+        return StatefulDataLoader.from_storages(
+            weights,
+            collate_with_io_stats,
+            names={self._storage: "a", self._second: "b"},
+            **options,
+        )
+
+    def close(self) -> None:
+        closer = getattr(self._second, "close", None)
+        if callable(closer):
+            closer()
         super().close()

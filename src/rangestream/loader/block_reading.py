@@ -14,8 +14,6 @@ sync reader.
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
-import os
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -23,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rangestream.loader.reading import raise_no_batch
-from rangestream.loader.tasks import IterationTasks
+from rangestream.loader.tasks import BatchIterator
 from rangestream.loader.worker_plan import ReadGroup, RunRead, WorkerPlan
 
 if TYPE_CHECKING:
@@ -143,15 +141,12 @@ def generate_block_sync(dataset: BatchIterableDataset, reader: Any, start: Start
         yield dataset.emit(step, collate(samples))  # type: ignore[misc]
 
 
-class BlockIterator(Iterator[Any]):
+class BlockIterator(BatchIterator):
     """Block-shuffled batches whose run reads run ahead on the process's I/O loop."""
 
     def __init__(self, dataset: BatchIterableDataset, start: Start) -> None:
-        self._dataset = dataset
+        super().__init__(dataset)
         self._start = start
-        self._pid = os.getpid()
-        self._closed = False
-        self.tasks = IterationTasks()
         self._reader: Any = None
         self._pending: deque[tuple[RunRead, int, concurrent.futures.Future[list[Any]]]] = deque()
         self._in_flight = 0
@@ -242,22 +237,9 @@ class BlockIterator(Iterator[Any]):
             found = next(self._batches, None)
             if found is not None:
                 step, samples = found
-                collated = self._dataset.options.collate_fn(samples)  # type: ignore[misc]
-                self._dataset.worker_batches += 1
-                return self._dataset.emit(step, collated)
+                return self._emit(step, samples)
         except BaseException:
             self.close()
             raise
         self.close()
         raise StopIteration
-
-    def close(self) -> None:
-        """Cancel what is in flight and exit the reader (idempotent)."""
-        if not self._closed:
-            self._closed = True
-            self.tasks.close()
-
-    def __del__(self) -> None:
-        if os.getpid() == getattr(self, "_pid", None):
-            with contextlib.suppress(Exception):
-                self.close()

@@ -16,8 +16,6 @@ a reader holds one buffer per source (``K_s`` runs) plus each source's read-ahea
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
-import os
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -31,7 +29,7 @@ from rangestream.loader.mixture import SourceDraws
 from rangestream.loader.phases import phase_layout, reader_region
 from rangestream.loader.reading import raise_no_batch
 from rangestream.loader.shuffle import BlockShuffle
-from rangestream.loader.tasks import IterationTasks
+from rangestream.loader.tasks import BatchIterator
 from rangestream.loader.worker_plan import RunRead
 
 if TYPE_CHECKING:
@@ -241,15 +239,12 @@ def generate_mixed_block_sync(
         yield dataset.emit(step, collate(samples))  # type: ignore[misc]
 
 
-class MixedBlockIterator(Iterator[Any]):
+class MixedBlockIterator(BatchIterator):
     """Batches of a block-shuffled mixture whose run reads run ahead on the I/O loop."""
 
     def __init__(self, dataset: BatchIterableDataset, start: Start) -> None:
-        self._dataset = dataset
+        super().__init__(dataset)
         self._start = start
-        self._pid = os.getpid()
-        self._closed = False
-        self.tasks = IterationTasks()
         self._steps: Iterator[tuple[int, list[Any]]] | None = None
         self._started: concurrent.futures.Future[Any] | None = self.tasks.submit(self._open())
 
@@ -279,22 +274,9 @@ class MixedBlockIterator(Iterator[Any]):
             found = next(self._steps, None)
             if found is not None:
                 step, samples = found
-                collated = dataset.options.collate_fn(samples)  # type: ignore[misc]
-                dataset.worker_batches += 1
-                return dataset.emit(step, collated)
+                return self._emit(step, samples)
         except BaseException:
             self.close()
             raise
         self.close()
         raise StopIteration
-
-    def close(self) -> None:
-        """Cancel what is in flight and exit the reader (idempotent)."""
-        if not self._closed:
-            self._closed = True
-            self.tasks.close()
-
-    def __del__(self) -> None:
-        if os.getpid() == getattr(self, "_pid", None):
-            with contextlib.suppress(Exception):
-                self.close()

@@ -25,7 +25,7 @@ import numpy as np
 
 from rangestream.errors import LoaderConfigError, StateError
 from rangestream.loader.plan import EpochPlan
-from rangestream.loader.tasks import IterationTasks
+from rangestream.loader.tasks import BatchIterator, IterationTasks
 
 if TYPE_CHECKING:
     from rangestream.loader.iterable import BatchIterableDataset, Start
@@ -238,7 +238,7 @@ class _ReadAhead:
             self.in_flight += take
 
 
-class PrefetchingIterator(Iterator[Any]):
+class PrefetchingIterator(BatchIterator):
     """Collated batches read ahead on the I/O loop, started as soon as it is made.
 
     Creating it submits the open and the first reads without waiting for them: in a
@@ -249,11 +249,8 @@ class PrefetchingIterator(Iterator[Any]):
     """
 
     def __init__(self, dataset: BatchIterableDataset, start: Start) -> None:
-        self._dataset = dataset
+        super().__init__(dataset)
         self._samples: deque[Any] = deque()
-        self._closed = False
-        self._pid = os.getpid()
-        self.tasks = IterationTasks()
         self._reads = _ReadAhead(dataset, self.tasks)
         self._started: concurrent.futures.Future[None] | None = self.tasks.submit(
             self._reads.start(start)
@@ -277,25 +274,12 @@ class PrefetchingIterator(Iterator[Any]):
                 reads.fill()
             if len(self._samples) >= size:
                 batch = [self._samples.popleft() for _ in range(size)]
-                collated = self._dataset.options.collate_fn(batch)  # type: ignore[misc]
-                self._dataset.worker_batches += 1
-                return self._dataset.emit(reads.steps.popleft(), collated)
+                return self._emit(reads.steps.popleft(), batch)
         except BaseException:
             self.close()
             raise
         self.close()
         raise StopIteration
-
-    def close(self) -> None:
-        """Cancel what is in flight and exit the reader (idempotent)."""
-        if not self._closed:
-            self._closed = True
-            self.tasks.close()
-
-    def __del__(self) -> None:
-        if os.getpid() == getattr(self, "_pid", None):
-            with contextlib.suppress(Exception):
-                self.close()
 
 
 def check_same_count(known: int | None, found: int, owner: str) -> int:
