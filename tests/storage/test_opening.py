@@ -264,8 +264,9 @@ def kind_storage(kind: str, path: Path) -> Any:
     return StreamWithMetaStorage(path, Spans())
 
 
-def claimed_records(kind: str, path: Path, records: int) -> Any:
-    """A dataset of ``kind`` whose 3 shards claim ``records`` records each (no objects)."""
+def claimed_records(kind: str, path: Path, records: int, shards: int = 3) -> Any:
+    """A dataset of ``kind`` whose ``shards`` shards claim ``records`` records each (no
+    objects: an open reads the root and the shard table only)."""
     rows = {
         "stream": {"stream": records, "record_ends": records},
         "document": {"payload_heap": 8 * records, "payload_offsets": records + 1},
@@ -274,7 +275,7 @@ def claimed_records(kind: str, path: Path, records: int) -> Any:
     }[kind]  # fmt: skip
     storage = kind_storage(kind, path)
     session = storage.parallel_write()
-    part = {"part_id": "claimed", "shards": {str(s): rows for s in range(3)}}
+    part = {"part_id": "claimed", "shards": {str(s): rows for s in range(shards)}}
     (path / session.prefix / "parts").mkdir(parents=True)
     (path / session.prefix / "parts" / "claimed.json").write_text(json.dumps(part))
     session.commit()
@@ -310,3 +311,17 @@ def test_every_kind_opens_with_one_request_and_the_same_memory_from_a_thousand_t
     # the root's numbers have 6 more digits; nothing else grows with the records
     assert costs[10**9][0] - costs[10**3][0] < 200
     assert abs(costs[10**9][1] - costs[10**3][1]) < 4096
+
+
+@pytest.mark.parametrize(("kind", "requests"), [("document", 2), ("stream_with_meta", 3)])
+def test_every_kind_opens_a_hundred_thousand_shards_within_ten_megabytes(
+    tmp_path: Path, kind: str, requests: int
+) -> None:
+    opened_cost(claimed_records(kind, tmp_path / "warm", 1))  # imports, outside the measure
+    storage = claimed_records(kind, tmp_path / "ds", 1, shards=100_000)
+    got, nbytes, held = opened_cost(storage)
+    columns = 1 + {"document": 2, "stream_with_meta": 5}[kind]
+    # the root, then the table: one request per 4 MiB block of it (6 columns: two blocks)
+    assert got == requests
+    assert nbytes == (tmp_path / "ds" / "zarr.json").stat().st_size + table_bytes(100_000, columns)
+    assert held < 10_000_000  # 10 MB

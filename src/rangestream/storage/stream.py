@@ -170,9 +170,10 @@ class OpenedStream(OpenedStorage):
         bounds = self.bounds("stream")
         self.stream_bounds = bounds
         self.total_length = int(bounds[-1])
-        self.record_bounds = self.bounds("record_ends")
-        self.num_records = int(self.record_bounds[-1])
-        self._record_bounds: list[int] | None = None  # made by the first record lookup
+        self.num_records = int(self.manifest.totals["record_ends"])
+        # made by the first record lookup: readers of windows never need them
+        self._record_starts: np.ndarray | None = None
+        self._record_bounds: list[int] | None = None
         self._bounds: list[int] = bounds.tolist()  # bisect on ints beats numpy here
         self.dtype = self.manifest.arrays["stream"].dtype
         self.itemsize = self.dtype.itemsize
@@ -271,10 +272,17 @@ class OpenedStream(OpenedStorage):
                 f"record {index} is outside the {count} records [0, {count}) of {self.storage.url}"
             )
         bounds = self._record_bounds
-        if bounds is None:  # a list of ints bisects faster; readers of windows never need it
+        if bounds is None:  # a list of ints bisects faster than numpy
             bounds = self._record_bounds = self.record_bounds.tolist()
         part = bisect.bisect_right(bounds, position) - 1
-        return part, position - int(self.record_bounds[part])
+        return part, position - bounds[part]
+
+    @property
+    def record_bounds(self) -> np.ndarray:
+        """Cumulative records per shard position (made on first use)."""
+        if self._record_starts is None:
+            self._record_starts = self.bounds("record_ends")
+        return self._record_starts
 
     def _cacheable_ends(self, part: int) -> bool:
         rows = self.shard_length("record_ends", self.shard_ids[part])
