@@ -90,3 +90,38 @@ def test_a_worker_killed_mid_task_leaves_its_split_exactly_once(
             got = reader.read(index)
             assert int(got["index"]) == index
             assert got["ids"].tolist() == record(index)["ids"].tolist()
+
+
+def record_unless(marker: str, index: int) -> dict[str, Any]:
+    """Input 13 (split 2) fails until ``marker`` exists: an interrupted conversion."""
+    if index == 13 and not os.path.exists(marker):
+        raise RuntimeError("input 13 is not ready")
+    return record(index)
+
+
+def test_an_interrupted_write_on_a_dask_cluster_resumes_there_skipping_written_splits(
+    tmp_path: Path, dask_client: Any
+) -> None:
+    marker = tmp_path / "ready"
+    kwargs: dict[str, Any] = {
+        "kind": "document", "storage_format": RECORDS, "items_per_split": 5,
+        "chunk_bytes": 64, "block_bytes": 512, "progress": False,
+    }  # fmt: skip
+    fn = functools.partial(record_unless, str(marker))
+    executor = dask_client.get_executor()
+    try:
+        rangestream.write(fn, range(30), tmp_path / "ds", executor=executor, **kwargs)
+    except RuntimeError as error:
+        assert "not ready" in str(error)
+    else:
+        raise AssertionError("split 2 should have failed")
+    assert not DocumentStorage(tmp_path / "ds", RECORDS).exists()
+    marker.write_text("")
+    resumed = rangestream.write(
+        fn, range(30), tmp_path / "ds", executor=executor, resume=True, **kwargs
+    )
+    # split 0 or 1 ended before split 2 began (two workers), so at least one is reused
+    assert resumed.splits == 6 and 1 <= resumed.splits_skipped < 6
+    assert resumed.splits_skipped + len(resumed.results) == 6
+    rangestream.write(record, range(30), tmp_path / "clean", workers=0, **kwargs)
+    assert stored_objects(tmp_path / "ds") == stored_objects(tmp_path / "clean")

@@ -110,3 +110,58 @@ def test_a_forked_child_drops_the_parents_mappings_and_maps_its_own(tmp_path: Pa
         _CACHE = _PARENT_ENTRY = None
     assert not inherited and not same and size == 1
     assert head == Path(paths[0]).read_bytes()[:64]
+
+
+def test_caches_of_one_process_share_its_bound_each_dropping_its_own_oldest(
+    tmp_path: Path,
+) -> None:
+    from rangestream.io.mapped import mapped_files
+
+    paths = make_files(tmp_path, 12, size=100)
+    first = LocalMapCache(str(tmp_path), max_files=100, process_bound=6)
+    second = LocalMapCache(str(tmp_path), max_files=100, process_bound=6)
+    for path in paths[:5]:
+        first.open(path)
+    assert mapped_files() == 5
+    for path in paths[5:9]:  # the process passes 6: the second cache maps one for one
+        second.open(path)
+    assert (len(first), len(second)) == (5, 1) and mapped_files() == 6
+    assert second.get(paths[8]) is not None and second.get(paths[5]) is None
+    first.clear()
+    assert mapped_files() == 1
+
+
+def test_the_default_bound_is_a_quarter_of_the_kernels_mappings_at_most_16384(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from rangestream.io import mapped
+
+    with open("/proc/sys/vm/max_map_count") as limit:
+        expected = max(256, min(16384, int(limit.read()) // 4))
+    monkeypatch.delenv(mapped.MAX_MAPPED_FILES_ENV, raising=False)
+    assert mapped._process_bound() == expected
+    monkeypatch.setenv(mapped.MAX_MAPPED_FILES_ENV, "1000")
+    assert mapped._process_bound() == 1000
+
+
+def test_a_map_refused_for_lack_of_mappings_drops_half_the_cache_and_raises(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+    import mmap
+
+    from rangestream.io import mapped
+
+    paths = make_files(tmp_path, 9, size=100)
+    cache = LocalMapCache(str(tmp_path))
+    for path in paths[:8]:
+        cache.open(path)
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+    monkeypatch.setattr(mapped.mmap, "mmap", refuse)
+    with pytest.raises(OSError):
+        cache.open(paths[8])
+    monkeypatch.setattr(mapped.mmap, "mmap", mmap.mmap)
+    assert len(cache) == 4 and all(cache.get(path) for path in paths[4:8])

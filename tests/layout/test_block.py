@@ -79,3 +79,36 @@ def test_a_layout_close_to_the_byte_targets_keeps_whole_rows() -> None:
     assert layout.chunk_rows == 250
     assert layout.block_rows % layout.chunk_rows == 0
     assert layout.block_rows * 4 <= 10_000
+
+
+@pytest.mark.parametrize(("length", "chunk_rows"), [(1, 4), (5, 4), (8, 4), (13, 8)])
+def test_an_array_of_one_short_block_is_the_block_zarr_python_writes_for_its_own_size(
+    tmp_path: Path, length: int, chunk_rows: int
+) -> None:
+    full = ArrayLayout(np.dtype("<i4"), (), chunk_rows, 64 * chunk_rows)
+    stored = full.stored_for(length)
+    padded = -(-length // chunk_rows) * chunk_rows
+    assert (stored.block_rows, stored.chunk_rows) == (padded, chunk_rows)
+    assert stored.index_nbytes == 16 * (padded // chunk_rows) + 4  # not 64 entries
+    data = (np.arange(length) * 5 + 1).astype("<i4")
+    array = zarr.create_array(
+        tmp_path / "a",
+        shape=(length,),
+        chunks=(chunk_rows,),
+        shards=(padded,),
+        dtype="<i4",
+        compressors=[Crc32cCodec()],
+        fill_value=0,
+        config={"write_empty_chunks": True},
+    )
+    array[:] = data
+    block = encode_block(stored, data.view(np.uint8))
+    assert block == (tmp_path / "a" / "c" / "0").read_bytes()
+    assert len(block) == padded // chunk_rows * (chunk_rows * 4 + 4) + stored.index_nbytes
+
+
+def test_an_array_of_several_blocks_keeps_the_regular_grid_and_full_indexes() -> None:
+    full = ArrayLayout(np.dtype("<i4"), (), 4, 16)
+    assert full.stored_for(17) is full and full.stored_for(16) is full
+    last = encode_block(full, np.arange(1, dtype="<i4").view(np.uint8))  # a short last block
+    assert len(last) == 4 * 4 + 4 + full.index_nbytes and full.index_nbytes == 4 * 16 + 4

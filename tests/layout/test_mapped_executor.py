@@ -230,3 +230,55 @@ def test_async_reads_on_a_local_path_take_the_mapped_path_with_the_same_counts(
     for got, expected in zip(fast, slow, strict=True):
         np.testing.assert_array_equal(got["loss_mask"], expected["loss_mask"])
     assert (fast_stats.requests, fast_stats.bytes) == (slow_stats.requests, slow_stats.bytes)
+
+
+def _lru_misses(keys: list[int], bound: int) -> int:
+    """Misses of a least-recently-used cache of ``bound`` entries over ``keys``."""
+    from collections import OrderedDict
+
+    cache: OrderedDict[int, None] = OrderedDict()
+    misses = 0
+    for key in keys:
+        if key in cache:
+            cache.move_to_end(key)
+            continue
+        misses += 1
+        cache[key] = None
+        if len(cache) > bound:
+            cache.popitem(last=False)
+    return misses
+
+
+@pytest.mark.parametrize("bound", [256, None], ids=["old-bound", "default"])
+def test_a_working_set_of_a_thousand_blocks_is_mapped_once_under_the_default_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bound: int | None
+) -> None:
+    from rangestream.io import mapped
+
+    if bound is not None:
+        monkeypatch.setattr(mapped, "DEFAULT_MAX_MAPPED_FILES", bound)
+    maps = []
+    real = mapped.map_file
+
+    def counted(path: str, root: str, units: int = 0) -> Any:
+        maps.append(path)
+        return real(path, root, units)
+
+    monkeypatch.setattr(mapped, "map_file", counted)
+    storage = StreamStorage(tmp_path / "ds", StreamNumpyFormat(TOKENS), **OPTIONS)
+    blocks = 1000
+    elements = np.zeros(blocks * 64, TOKENS)
+    elements["tokens"] = np.arange(blocks * 64)
+    with storage.sync_writer() as writer:
+        writer.append(0, {name: elements[name] for name in TOKENS.names or ()})
+    touched = np.random.default_rng(0).integers(0, blocks, 4000).tolist()
+    with storage.sync_reader() as reader:
+        for block in touched:  # a window inside each block
+            window = reader.read(block * 64 + 5, 40)
+            assert window["tokens"].tolist() == list(range(block * 64 + 5, block * 64 + 45))
+    expected = _lru_misses(touched, 256 if bound is not None else 10**9)
+    assert len(maps) == expected
+    if bound is None:
+        assert expected == len(set(touched))  # each block mapped once: no cliff
+    else:
+        assert expected > 3 * len(set(touched))  # the old bound re-maps most windows

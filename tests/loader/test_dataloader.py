@@ -17,6 +17,7 @@ import torch.distributed
 from support.s3 import Location
 
 from rangestream import (
+    DocumentStorage,
     StreamNumpyFormat,
     StreamStorage,
     StreamWithMetaStorage,
@@ -949,6 +950,56 @@ def test_persistent_workers_play_every_epoch_and_a_new_epoch_opens_nothing(
     # the same two workers all along, each opened the dataset once
     assert opens[0] == opens[1] == opens[2] and set(opens[0].values()) == {1}
     assert len(opens[0]) == 2 and os.getpid() not in opens[0]
+
+
+class RawDocuments:
+    payload_encoding = "raw"
+
+    def pack(self, data: bytes) -> bytes:
+        return data
+
+    def unpack(self, data: Any, shard: int) -> bytes:
+        return bytes(data)
+
+
+def documents_with_io(samples: list[Any]) -> tuple[list[bytes], int, Any]:
+    return list(samples), os.getpid(), process_io_stats()
+
+
+@pytest.mark.parametrize("shuffle", ["window", False])
+def test_persistent_workers_read_the_shard_table_and_offsets_once_then_only_documents(
+    location: Location, shuffle: str | bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rangestream.layout import manifest
+
+    monkeypatch.setattr(manifest, "INLINE_SHARDS", 4)  # the shards are in index/shards
+    documents = [bytes([i]) * (20 + i) for i in range(96)]
+    storage = DocumentStorage(location.url, RawDocuments(),
+                              storage_options=location.storage_options)  # fmt: skip
+    with storage.sync_writer() as writer:
+        for i, document in enumerate(documents):
+            writer.append(i // 12, document)  # 8 shards of 12
+    loader = StatefulDataLoader.from_storage(
+        storage, documents_with_io, batch_size=4, num_workers=2, shuffle=shuffle,
+        shuffle_seed=SEED, persistent_workers=True, rank=0, world_size=1,
+    )  # fmt: skip
+    totals: list[dict[int, dict[str, int]]] = []  # per epoch: each worker's counts so far
+    for _ in range(3):
+        seen, by_worker = [], {}
+        for batch, pid, stats in loader:
+            seen.extend(batch)
+            by_worker[pid] = stats.by_key_kind
+        assert sorted(seen) == sorted(documents)  # every document once per epoch
+        totals.append(by_worker)
+    assert len(totals[0]) == 2 and os.getpid() not in totals[0]
+    for pid, first in totals[0].items():
+        # the first epoch opened the dataset (the root, the shard table) and read offsets
+        # chunks (batches in flight at once may each miss one before it is kept)
+        assert first["zarr.json"] == 1 and first["shards"] == 1 and first["payload_offsets"]
+        for later in (totals[1][pid], totals[2][pid]):
+            grown = {kind: n - first.get(kind, 0) for kind, n in later.items()}
+            # later epochs: documents' bytes only; nothing opened, no offsets read again
+            assert {kind for kind, n in grown.items() if n} <= {"payload_heap"}
 
 
 def test_persistent_workers_resume_mid_epoch_from_a_state(tmp_path: Path) -> None:

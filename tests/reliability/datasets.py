@@ -169,8 +169,17 @@ class RawObjects:
     def array_key(self, shard: int, name: str) -> str:
         return f"{self.attributes()['data_prefix']}/shards/{shard}/{name}"
 
-    def layout(self, name: str) -> ArrayLayout:
-        return ArrayLayout.from_json(self.attributes()["arrays"][name], name)
+    def layout(self, name: str, shard: int | None = None) -> ArrayLayout:
+        """Array ``name``'s layout in the manifest, or as shard ``shard`` stores it (its
+        ``zarr.json``: from format version 2 an array of one block declares its own size)."""
+        layout = ArrayLayout.from_json(self.attributes()["arrays"][name], name)
+        if shard is None:
+            return layout
+        document = json.loads(self.get(f"{self.array_key(shard, name)}/zarr.json"))
+        rows = document["chunk_grid"]["configuration"]["chunk_shape"][0]
+        return ArrayLayout(
+            layout.dtype, layout.row_shape, layout.chunk_rows, rows, layout.dense_chunks
+        )
 
     def block_key(self, shard: int, name: str, block: int) -> str:
         return self.layout(name).block_key(self.array_key(shard, name), block)

@@ -217,7 +217,7 @@ def test_payload_runs_that_decrease_are_reported(
 ) -> None:
     _write_spans(str(tmp_path / "spans"))
     spans = RawObjects(str(tmp_path / "spans"))
-    layout = spans.layout("runs")
+    layout = spans.layout("runs", shard=0)
     key = spans.block_key(0, "runs", 0)
     length = spans.root()["attributes"]["rangestream"]["shards"]["lengths"]["runs"][0]
     runs = np.frombuffer(spans.get(key), dtype="<i8")[: 2 * length].copy().reshape(-1, 2)
@@ -232,7 +232,7 @@ def test_record_rows_that_do_not_end_at_the_group_length_are_reported(
 ) -> None:
     _write_tracks(str(tmp_path / "tracks"))
     tracks = RawObjects(str(tmp_path / "tracks"))
-    layout = tracks.layout("record_rows")
+    layout = tracks.layout("record_rows", shard=1)
     key = tracks.block_key(1, "record_rows", 0)
     rows = np.frombuffer(tracks.get(key), dtype="<i8")[:6].reshape(3, 2).copy()  # 3 records
     rows[-1, 1] -= 2
@@ -340,7 +340,7 @@ def test_blocks_larger_than_a_piece_are_checked_piece_by_piece(
     stored = chunk_bytes + 4
     key = raw.block_key(1, "stream", 2)
     raw.flip(key, 3 * stored + 1)
-    ends_layout = raw.layout("record_ends")
+    ends_layout = raw.layout("record_ends", shard=0)
     ends_key = raw.block_key(0, "record_ends", 0)
     length = raw.attributes()["shards"]["lengths"]["record_ends"][0]
     ends = np.frombuffer(raw.get(ends_key), dtype="<i8")[:length].copy()

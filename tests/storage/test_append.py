@@ -136,7 +136,7 @@ def test_an_overwrite_keeps_the_appended_version_it_replaced_until_the_next_comm
 def test_appending_to_a_url_without_a_dataset_creates_it(location: Location) -> None:
     write(storage_at(location), {0: [np.arange(7, dtype="<i4")]}, mode="append")
     np.testing.assert_array_equal(read_all(storage_at(location)), np.arange(7))
-    assert root(location)["format_version"] == 1 and "inherited" not in root(location)
+    assert root(location)["format_version"] == 2 and "inherited" not in root(location)
 
 
 def test_an_append_that_another_commit_overtook_fails_and_publishes_nothing(
@@ -241,3 +241,39 @@ def test_verify_scans_the_inherited_shards_where_they_lie(tmp_path: Path) -> Non
     assert not report.ok
     assert any(f"data/{old}/shards/0/stream/c/0/0" in str(p) for p in report.problems)
     assert "checksum mismatch" in " ".join(str(p) for p in report.problems)
+
+
+def test_an_append_past_the_listed_shards_keeps_its_inherited_shards_with_the_table(
+    location: Location, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rangestream.layout import manifest as manifest_module
+
+    monkeypatch.setattr(manifest_module, "INLINE_SHARDS", 3)  # a table from 4 shards on
+    values = [np.arange(k * 50, (k + 1) * 50, dtype="<i4") for k in range(6)]
+    write(storage_at(location), {k: [values[k]] for k in range(4)})
+    first = root(location)
+    assert "ids" not in first["shards"] and first["shards"]["count"] == 4
+    write(storage_at(location), {k: [values[4 + k]] for k in range(2)}, mode="append")
+    appended = root(location)
+    assert appended["shards"]["count"] == 6 and "ids" not in appended["shards"]
+    assert appended["inherited"] == {first["commit_id"]: [0, 1, 2, 3]}
+    np.testing.assert_array_equal(read_all(storage_at(location)), np.concatenate(values))
+    report = verify_dataset(location.child("ds"), location.storage_options)
+    assert report.ok, report.lines()
+    assert report.shards == 6 and report.arrays == 12 and not report.orphans
+
+
+def test_an_append_to_a_version_1_dataset_is_refused_and_says_to_write_it_again(
+    tmp_path: Path,
+) -> None:
+    location = Location(str(tmp_path), {})
+    write(storage_at(location), {0: [np.arange(10, dtype="<i4")]})
+    path = tmp_path / "ds" / "zarr.json"
+    document = json.loads(path.read_bytes())
+    attributes = document["attributes"]["rangestream"]
+    attributes["format_version"] = 1
+    del attributes["shards"]["count"]
+    path.write_text(json.dumps(document))
+    np.testing.assert_array_equal(read_all(storage_at(location)), np.arange(10))  # still read
+    with pytest.raises(SchemaMismatchError, match=r"format_version 1 dataset.*write it again"):
+        write(storage_at(location), {0: [np.arange(5, dtype="<i4")]}, mode="append")

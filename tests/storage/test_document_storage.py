@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import pickle
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from support.s3 import Location
 from rangestream import DocumentPickleFormat, DocumentStorage, RecordField, RecordFormat
 from rangestream.errors import InvalidRecordError
 from rangestream.io import IOStats
+from rangestream.layout.block import ArrayLayout, encode_block
 from rangestream.types import DocumentStorageFormat
 
 SMALL = {"chunk_bytes": 32, "block_bytes": 256}
@@ -308,6 +310,135 @@ def test_a_format_naming_another_encoding_is_refused_on_open(tmp_path: Path) -> 
         DocumentStorage(tmp_path / "ds", Utf8Format()).sync_reader().__enter__()
     with DocumentStorage(tmp_path / "ds", UnnamedFormat()).sync_reader() as reader:
         assert len(reader) == 1  # a format that names no encoding is not checked
+
+
+# -- offsets read by range, kept in bounded memory ------------------------------------------
+
+
+def test_a_cold_document_costs_one_offsets_chunk_and_the_heap_chunks_it_spans(
+    tmp_path: Path,
+) -> None:
+    storage = DocumentStorage(tmp_path / "docs", RawBytes(), block_bytes=1 << 20)
+    documents = [bytes([i % 256]) * (300 + 7 * i) for i in range(1000)]
+    with storage.sync_writer() as writer:
+        for document in documents:
+            writer.append(0, document)
+    ends = np.cumsum([0] + [len(d) for d in documents])
+    with storage.sync_reader() as reader:
+        heap = reader.opened.manifest.arrays["payload_heap"]
+        offsets = reader.opened.manifest.arrays["payload_offsets"]
+        assert (heap.chunk_rows, offsets.chunk_rows) == (512, 128)  # the defaults
+        for j in (200, 201, 900):  # 200 and 201 share offsets chunk 1
+            before = reader.stats.copy()
+            assert reader.read(j) == (0, documents[j])
+            spent = reader.stats - before
+            first, last = ends[j] // 512, (ends[j + 1] - 1) // 512
+            assert spent.bytes_by_key_kind["payload_heap"] == (last - first + 1) * 516
+            if j == 201:
+                assert spent.by_key_kind == {"payload_heap": 1}
+            else:
+                assert spent.by_key_kind == {"payload_offsets": 1, "payload_heap": 1}
+                assert spent.bytes_by_key_kind["payload_offsets"] == 128 * 8 + 4
+
+
+def test_the_last_document_of_an_offsets_chunk_reads_its_two_chunks_with_one_request(
+    tmp_path: Path,
+) -> None:
+    storage = DocumentStorage(tmp_path / "docs", RawBytes())
+    with storage.sync_writer() as writer:
+        for i in range(300):
+            writer.append(0, bytes([i % 256]) * 10)
+    with storage.sync_reader() as reader:
+        before = reader.stats.copy()
+        assert reader.read(127) == (0, bytes([127]) * 10)  # rows 127 and 128: chunks 0, 1
+        spent = reader.stats - before
+        assert spent.by_key_kind["payload_offsets"] == 1
+        assert spent.bytes_by_key_kind["payload_offsets"] == 2 * (128 * 8 + 4)
+        before = reader.stats.copy()
+        assert reader.read_many([0, 254]) == [(0, bytes([0]) * 10), (0, bytes([254]) * 10)]
+        assert "payload_offsets" not in (reader.stats - before).by_key_kind
+
+
+@pytest.mark.parametrize("shards", [3, 40])
+def test_shuffled_reads_cost_a_request_per_document_and_one_per_offsets_chunk_first_needed(
+    tmp_path: Path, shards: int
+) -> None:
+    rng = np.random.default_rng(shards)
+    count = 6000
+    sizes = rng.integers(1, 2000, count)
+    documents = [bytes([i % 256]) * int(n) for i, n in enumerate(sizes)]
+    storage = DocumentStorage(tmp_path / "docs", RawBytes(), block_bytes=1 << 22)
+    per_shard = -(-count // shards)
+    with storage.sync_writer() as writer:
+        for i, document in enumerate(documents):
+            writer.append(i // per_shard, document)
+    # the model: document j of its shard needs offsets rows j and j + 1 (chunks of 128);
+    # a first need of either chunk costs one request (adjacent chunks: one range) of the
+    # chunks missing; its bytes are the 516-byte heap chunks its range touches
+    seen: set[tuple[int, int]] = set()
+    requests = offsets_bytes = heap_bytes = 0
+    order = rng.permutation(count).tolist()
+    for i in order:
+        shard, j = divmod(i, per_shard)
+        start = sum(len(d) for d in documents[shard * per_shard : i])
+        missing = {(shard, row // 128) for row in (j, j + 1)} - seen
+        requests += 1 + (1 if missing else 0)
+        offsets_bytes += len(missing) * (128 * 8 + 4)
+        seen |= missing
+        heap_bytes += ((start + len(documents[i]) - 1) // 512 - start // 512 + 1) * 516
+    with storage.sync_reader() as reader:
+        before = reader.stats.copy()
+        for i in order:
+            assert reader.read(i) == (i // per_shard, documents[i])
+        spent = reader.stats - before
+    assert spent.requests == requests
+    assert spent.bytes_by_key_kind == {"payload_offsets": offsets_bytes, "payload_heap": heap_bytes}
+    assert requests / count < 1.2 and heap_bytes / sum(sizes) < 2
+
+
+def test_kept_offsets_stay_within_their_budget_and_evicted_ones_are_read_again(
+    tmp_path: Path,
+) -> None:
+    from rangestream.storage.document import OffsetChunks
+
+    budget = 5 * OffsetChunks(0, 128).slot_nbytes  # room for five chunks of offsets
+    storage = DocumentStorage(tmp_path / "docs", RawBytes(), offsets_cache_bytes=budget)
+    with storage.sync_writer() as writer:
+        for i in range(128 * 20):
+            writer.append(0, bytes([i % 256]))
+    with storage.sync_reader() as reader:
+        for chunk in range(20):
+            reader.read(chunk * 128 + 5)
+        kept = reader.opened.offsets
+        assert len(kept) == 5 and kept.nbytes <= budget
+        before = reader.stats.copy()
+        reader.read(3 * 128 + 5)  # long evicted
+        reader.read(19 * 128 + 6)  # the last one read: kept
+        assert (reader.stats - before).by_key_kind == {"payload_offsets": 1, "payload_heap": 2}
+
+
+def test_offsets_that_decrease_are_reported_not_kept(tmp_path: Path) -> None:
+    from rangestream.errors import CorruptDataError
+    from rangestream.storage.document import OffsetChunks
+
+    kept = OffsetChunks(1 << 20, 4)
+    kept.put(1, np.asarray([10, 20, 15, 30], dtype=np.int64))  # damaged: not kept
+    kept.put(2, np.asarray([0, 1 << 33, 1 << 33, 1 << 33], dtype=np.int64))  # over 4 GiB
+    kept.put(3, np.asarray([5, 6, 7], dtype=np.int64))  # the last, short chunk of an array
+    assert 1 not in kept and 2 not in kept and kept.value(3, 2) == 7
+    storage = DocumentStorage(tmp_path / "docs", RawBytes(), block_bytes=1 << 16)
+    with storage.sync_writer() as writer:
+        for i in range(10):
+            writer.append(0, bytes([i]) * 20)
+    raw_root = tmp_path / "docs"
+    root = json.loads((raw_root / "zarr.json").read_bytes())["attributes"]["rangestream"]
+    key = next((raw_root / root["data_prefix"]).glob("shards/0/payload_offsets/c/0"))
+    layout = ArrayLayout.from_json(root["arrays"]["payload_offsets"], "offsets").stored_for(11)
+    offsets = np.arange(11, dtype="<i8") * 20
+    offsets[4] = 200  # document 3 ends after document 4 starts: a decrease at row 5
+    key.write_bytes(encode_block(layout, offsets.view(np.uint8)))
+    with storage.sync_reader() as reader, pytest.raises(CorruptDataError, match="document 4"):
+        reader.read_many([3, 4])
 
 
 def test_negative_document_indexes_count_from_the_end_as_in_every_sequence(

@@ -16,6 +16,7 @@ import contextlib
 import json
 import multiprocessing
 import os
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, wait
 from typing import Any
@@ -82,8 +83,14 @@ def _reject_line(outcome: Outcome) -> bytes:
     return (json.dumps(document, ensure_ascii=False) + "\n").encode()
 
 
-def run_split(job: Job, session: WriteSession, split: int) -> SplitResult:
-    """Write ``split`` as shard ``split``: the body of one task, in whatever process runs it."""
+def run_split(job: Job, session: WriteSession, split: int, run: str = "") -> SplitResult:
+    """Write ``split`` as shard ``split``: the body of one task, in whatever process runs it.
+
+    ``run`` names the run that submitted it and is otherwise unused: a Dask client keys a
+    task by its function and arguments (``pure``) and hands a resubmitted task the result
+    it still holds, so without it a resumed run on the executor of the failed one got the
+    failed split's error back instead of running the split again.
+    """
     result = SplitResult(split)
     rejects: list[bytes] = []
     reported = [0, 0, 0, 0]
@@ -203,8 +210,10 @@ def _run_on(
     counters: Any,
     stop: Any,
 ) -> None:
+    run = uuid.uuid4().hex
     pending: dict[Future[SplitResult], int] = {
-        executor.submit(run_split, job.for_split(split), session, split): split for split in splits
+        executor.submit(run_split, job.for_split(split), session, split, run): split
+        for split in splits
     }
     finished = [0, 0, 0, 0]
     failure: BaseException | None = None

@@ -94,6 +94,28 @@ class ArrayLayout:
         structured = self.dtype.fields is not None or self.dtype.subdtype is not None
         return len(self.row_shape) + (1 if structured else 0)
 
+    def stored_for(self, length: int) -> ArrayLayout:
+        """The layout an array of ``length`` rows is stored with (format version 2).
+
+        Zarr's sharding codec gives every block of an array a chunk index of
+        ``block_rows / chunk_rows`` entries, the last block included, so the chunk grid of
+        an array is what can shrink, not one block of it. An array that fits in one block
+        declares a block shape of its length rounded up to whole inner chunks: its block
+        then holds exactly the chunks it has and an index of as many entries (20 bytes for
+        a one-chunk array instead of 64 KiB for a 4 MiB block of 1 KiB chunks). A longer
+        array keeps the regular grid and its last block the full index. Rows map to the
+        same bytes either way (block 0 starts every array), so only the chunk index size
+        and ``chunks_per_block`` differ: readers of dense layouts, which never read a chunk
+        index, may keep addressing it with the full layout. Layouts that are not dense keep
+        the full grid, so a reader that fetches chunk indexes needs no more than the layout.
+        """
+        if length > self.block_rows or not self.dense_chunks:
+            return self
+        rows = max(1, -(-length // self.chunk_rows)) * self.chunk_rows
+        if rows == self.block_rows:
+            return self
+        return ArrayLayout(self.dtype, self.row_shape, self.chunk_rows, rows, self.dense_chunks)
+
     def block_key(self, array_key: str, block: int) -> str:
         return f"{array_key}/c/{block}" + "/0" * self.stored_trailing_ndim
 

@@ -350,9 +350,12 @@ class MappedExecutor:
             return None  # shorter than the layout says: the remote executor reports it
         return mapped
 
-    def block_copier(self, arrays: Sequence[StoredArray]) -> BlockCopier | None:
-        """A copier of rows that one block holds, for arrays of one layout and kind (one
-        array of each shard), or ``None`` if their blocks are not dense or alike.
+    def block_copier(
+        self, arrays: Sequence[StoredArray], layout: ArrayLayout | None = None
+    ) -> BlockCopier | None:
+        """A copier of rows that one block holds, for one array name's arrays of one opened
+        version by shard position (a list, or a sequence that makes them on demand), or
+        ``None`` if their blocks are not dense or alike.
 
         The hot path of single windows: ``copy(part, start, rows, outputs)`` copies rows
         ``[start, start + rows)`` of ``arrays[part]`` into whole outputs and returns
@@ -361,15 +364,29 @@ class MappedExecutor:
         piece, then ``mapping``, the count, the checksum step and the copier, as for any
         piece, with every constant bound once: it runs for every local window, where a few
         attribute loads are a tenth of the time.
+
+        ``layout`` addresses every array's blocks (default: the sequence's ``layout``, else
+        the largest block among the arrays: an array of one block declares its own size,
+        ``ArrayLayout.stored_for``, and larger blocks address its rows alike). Blocks are
+        looked up as ``arrays[0].block_base + (part << 40) + block``, which is each array's
+        own key when idents follow positions (``OpenedStorage.array``); ``arrays[part]`` is
+        only asked for when its block is not mapped yet.
         """
-        if not arrays:
+        if not len(arrays):
             return None
-        layout, kind = arrays[0].layout, arrays[0].kind
-        if not layout.dense_chunks or any(a.layout != layout or a.kind != kind for a in arrays):
+        first = arrays[0]
+        kind = first.kind
+        if layout is None:
+            layout = getattr(arrays, "layout", None)
+        if layout is None:
+            layout = max((array.layout for array in arrays), key=lambda it: it.block_rows)
+            if any(not _alike(array.layout, layout) or array.kind != kind for array in arrays):
+                return None
+        if not layout.dense_chunks:
             return None
         block_rows, chunk_rows = layout.block_rows, layout.chunk_rows
         stored, row_nbytes = layout.stored_chunk_nbytes, layout.row_nbytes
-        bases = [array.block_base for array in arrays]
+        base = first.block_base
         counter = self.counter.of(kind)
         holder, mapping, copy_piece = self._entries, self.mapping, self.copy_piece
         verify, store = self.verify, self.store
@@ -378,7 +395,7 @@ class MappedExecutor:
             block, row = divmod(start, block_rows)
             if row + rows > block_rows:
                 return False
-            key = bases[part] + block
+            key = base + (part << 40) + block
             entries = holder.value
             mapped = None if entries is None else entries.files.get(key)
             if mapped is None:
@@ -490,6 +507,16 @@ class MappedExecutor:
             ranges.append(RangeRequest(key, start, end))
         for group in coalesce(ranges, gap=self.gap, max_bytes=self.max_bytes):
             self.counter.count(kinds[group.key], group.end - group.start)
+
+
+def _alike(layout: ArrayLayout, other: ArrayLayout) -> bool:
+    """Whether rows of both map to blocks and bytes alike, block sizes aside."""
+    return (
+        layout.dtype == other.dtype
+        and layout.row_shape == other.row_shape
+        and layout.chunk_rows == other.chunk_rows
+        and layout.dense_chunks == other.dense_chunks
+    )
 
 
 def _step_bytes(step: Step) -> int:

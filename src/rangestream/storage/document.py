@@ -2,14 +2,25 @@
 
 Per shard: ``payload_heap`` (the concatenated encoded documents, uint8) and
 ``payload_offsets`` (int64, one more than documents: document ``i`` is heap bytes
-``[offsets[i], offsets[i+1])``). Reading documents costs two rounds: their offsets, then
-their bytes; both coalesce across the documents of one ``read_many``.
+``[offsets[i], offsets[i+1])``). A document whose offsets the reader does not hold costs two
+rounds: the inner chunk of ``payload_offsets`` holding them (one small request), then its
+bytes; one whose offsets it holds, one round. Both rounds coalesce across the documents of
+one ``read_many``.
+
+Offsets are read by range on demand, one inner chunk (128 documents with the default 1 KiB
+chunks) at a time, never a shard's whole array, and kept in bounded memory
+(``offsets_cache_bytes``) in a compact form: each chunk's first offset and the others
+relative to it as 32-bit integers, about 5 bytes per document with the bookkeeping, so the
+default 64 MiB holds the offsets of about 12 million documents. The index of a document's
+offsets needs no coarse index: document ``j`` is rows ``j`` and ``j + 1``, whose chunks are
+arithmetic (the second one is the next chunk for the last document of a chunk, fetched in
+the same request since the two are adjacent).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -24,12 +35,12 @@ from rangestream.errors import (
 )
 from rangestream.formats.described import check_given_format, format_from_schema, format_schema
 from rangestream.layout.block import ArrayLayout
-from rangestream.layout.caches import ArrayCache
 from rangestream.layout.executors import Program
 from rangestream.layout.manifest import ROOT_KEY, Manifest
 from rangestream.layout.pieces import RowRead
 from rangestream.storage.base import Storage
 from rangestream.storage.opening import OpenedStorage
+from rangestream.storage.options import LayoutOptions
 from rangestream.storage.readers import AsyncReader, SyncReader
 from rangestream.storage.writing import ShardEncoder
 from rangestream.types import DocumentStorageFormat
@@ -90,6 +101,105 @@ class _DocumentShardEncoder(ShardEncoder):
         return {"payload_heap": rows, "payload_offsets": np.asarray([end], dtype=_INT64)}
 
 
+#: Slots of the offsets cache are allocated this many at a time, as chunks arrive.
+_SLOTS_PER_PAGE = 1024
+#: Python bytes per cached chunk besides its values (its key, dict entry, list slot).
+_SLOT_BOOKKEEPING = 160
+_UINT32_SPAN = 1 << 32
+#: Cached chunks are keyed ``(shard position << _PART_SHIFT) + chunk`` (an int hashes faster
+#: than a tuple): chunks of one shard number far fewer than 2**44.
+_PART_SHIFT = 44
+
+
+class OffsetChunks:
+    """Inner chunks of documents' offsets, of any shards, within a byte budget.
+
+    A chunk of ``chunk_rows`` offsets is kept as its first offset and the rest relative to
+    it (uint32), in slots allocated page by page as chunks arrive (so an idle reader holds
+    nothing); when all slots are used, a CLOCK sweep reuses the slot of a chunk not looked
+    up since the last sweep. Chunks whose offsets span 4 GiB or more, or decrease (damage,
+    reported by the read), are not kept.
+
+    Parameters
+    ----------
+    max_bytes
+        Bound on the memory of the slots and their bookkeeping.
+    chunk_rows
+        Offsets per chunk (the rows of one inner chunk of ``payload_offsets``).
+    """
+
+    def __init__(self, max_bytes: int, chunk_rows: int) -> None:
+        self.chunk_rows = chunk_rows
+        self.slot_nbytes = 8 + 4 * chunk_rows + 1 + _SLOT_BOOKKEEPING
+        self.capacity = max(0, max_bytes) // self.slot_nbytes
+        self._slots: dict[Hashable, int] = {}
+        self._keys: list[Hashable] = []
+        self._bases: list[np.ndarray] = []
+        self._relative: list[np.ndarray] = []
+        self._referenced = bytearray()
+        self._hand = 0
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the slots allocated so far (values, reference bits)."""
+        return (
+            sum(a.nbytes for a in self._bases)
+            + sum(a.nbytes for a in self._relative)
+            + (len(self._referenced))
+        )
+
+    def value(self, key: Hashable, row: int) -> int | None:
+        """Offset ``row`` of chunk ``key`` if the chunk is kept, else ``None``."""
+        slot = self._slots.get(key)
+        if slot is None:
+            return None
+        self._referenced[slot] = 1
+        page, at = divmod(slot, _SLOTS_PER_PAGE)
+        return int(self._bases[page][at]) + int(self._relative[page][at, row])
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._slots
+
+    def put(self, key: Hashable, offsets: np.ndarray) -> None:
+        """Keep ``offsets`` (at most ``chunk_rows`` int64 values) as chunk ``key``."""
+        if not self.capacity or key in self._slots or not len(offsets):
+            return
+        base = int(offsets[0])
+        relative = offsets - base
+        if int(relative[-1]) >= _UINT32_SPAN or (
+            len(relative) > 1 and (np.diff(relative) < 0).any()
+        ):
+            return
+        slot = self._free_slot()
+        self._slots[key] = slot
+        self._keys[slot] = key
+        self._referenced[slot] = 0
+        page, at = divmod(slot, _SLOTS_PER_PAGE)
+        self._bases[page][at] = base
+        self._relative[page][at, : len(relative)] = relative
+
+    def _free_slot(self) -> int:
+        used = len(self._keys)
+        if used < self.capacity:
+            if used % _SLOTS_PER_PAGE == 0:
+                slots = min(_SLOTS_PER_PAGE, self.capacity - used)
+                self._bases.append(np.zeros(slots, dtype=np.int64))
+                self._relative.append(np.zeros((slots, self.chunk_rows), dtype=np.uint32))
+                self._referenced.extend(bytes(slots))
+            self._keys.append(None)
+            return used
+        referenced, hand = self._referenced, self._hand
+        while referenced[hand]:  # CLOCK: a second chance for chunks looked up since
+            referenced[hand] = 0
+            hand = (hand + 1) % used
+        self._hand = (hand + 1) % used
+        del self._slots[self._keys[hand]]
+        return hand
+
+
 class OpenedDocuments(OpenedStorage):
     """Read programs of a document storage; shared by its sync and async readers."""
 
@@ -99,13 +209,11 @@ class OpenedDocuments(OpenedStorage):
         self.num_documents = int(self.document_bounds[-1])
         storage: Any = self.storage
         self.format: DocumentStorageFormat[Any, Any] = storage._reading_format(self.manifest)
-        self.offsets = ArrayCache(storage.offsets_cache_bytes)
-
-    def _cacheable(self, shard: int) -> bool:
-        return 8 * self.shard_length("payload_offsets", shard) <= self.offsets.max_bytes
+        self.offset_rows = self.manifest.arrays["payload_offsets"].chunk_rows
+        self.offsets = OffsetChunks(storage.offsets_cache_bytes, self.offset_rows)
 
     def locate(self, index: Any) -> tuple[int, int]:
-        """``(shard id, index within shard)`` of a global document index.
+        """``(shard position, index within shard)`` of a global document index.
 
         Negative indexes count from the end, as they do for every sequence of items in
         rangestream (documents, records, windows).
@@ -120,7 +228,7 @@ class OpenedDocuments(OpenedStorage):
                 f"{count} documents [0, {count})"
             )
         part = int(np.searchsorted(self.document_bounds, index, side="right")) - 1
-        return self.shard_ids[part], index - int(self.document_bounds[part])
+        return part, index - int(self.document_bounds[part])
 
     def _rows(self, shard: int, name: str, start: int, stop: int) -> RowRead:
         return RowRead.whole(self.array(shard, name), start, stop)
@@ -128,40 +236,57 @@ class OpenedDocuments(OpenedStorage):
     def spans(self, indexes: Sequence[int]) -> Program[list[tuple[int, int, int]]]:
         """``(shard, heap start, heap end)`` of each document, checked against the heap.
 
-        A shard's offsets are read whole on its first touch (one round) and cached within
-        ``offsets_cache_bytes``; shards whose offsets exceed the budget read each
-        document's pair of offsets instead (one round). Cached shards cost nothing.
+        Only for documents whose offsets are not kept, one round: the inner chunks of
+        ``payload_offsets`` holding them (adjacent chunks of a shard in one read). The
+        chunks read are kept (``OffsetChunks``) after the offsets of this read are taken
+        from them.
         """
+        rows, cache = self.offset_rows, self.offsets
         located = [self.locate(i) for i in indexes]
-        touched = sorted({shard for shard, _ in located})
-        to_load = [s for s in touched if self.offsets.get(s) is None and self._cacheable(s)]
-        if to_load:
-            loads = [
-                self._rows(s, "payload_offsets", 0, self.shard_length("payload_offsets", s))
-                for s in to_load
-            ]
-            yield loads
-            for shard, read in zip(to_load, loads, strict=True):
-                self.offsets.put(shard, read.target.reshape(-1).view(_INT64))
         pairs: list[tuple[int, int] | None] = []
-        for shard, j in located:
-            cached = self.offsets.get(shard)
-            pairs.append(None if cached is None else (int(cached[j]), int(cached[j + 1])))
-        missing = [k for k, pair in enumerate(pairs) if pair is None]
-        if missing:
-            offset_reads = [
-                self._rows(located[k][0], "payload_offsets", located[k][1], located[k][1] + 2)
-                for k in missing
-            ]
-            yield offset_reads
-            for k, read in zip(missing, offset_reads, strict=True):
-                start, end = (int(x) for x in read.target.reshape(-1).view(_INT64))
-                pairs[k] = (start, end)
+        wanted: dict[int, set[int]] = {}  # shard position -> chunks to read
+        for part, j in located:
+            key = part << _PART_SHIFT
+            start = cache.value(key + j // rows, j % rows)
+            end = None if start is None else cache.value(key + (j + 1) // rows, (j + 1) % rows)
+            if start is None or end is None:
+                chunks = wanted.setdefault(part, set())
+                for chunk in {j // rows, (j + 1) // rows}:
+                    if key + chunk not in cache:
+                        chunks.add(chunk)
+                pairs.append(None)
+            else:
+                pairs.append((start, end))
+        fetched: dict[tuple[int, int], np.ndarray] = {}
+        if wanted:
+            reads: list[tuple[int, int, RowRead]] = []
+            for part, chunks in sorted(wanted.items()):
+                shard = self.shard_ids[part]
+                length = int(self.manifest.lengths["payload_offsets"][part])
+                for first, end in _runs(sorted(chunks)):
+                    read = self._rows(
+                        shard, "payload_offsets", first * rows, min(end * rows, length)
+                    )
+                    reads.append((part, first, read))
+            yield [read for _, _, read in reads]
+            for part, first, read in reads:
+                values = read.target.reshape(-1).view(_INT64)
+                for at in range(0, len(values), rows):
+                    fetched[(part, first + at // rows)] = values[at : at + rows]
+            for k, (part, j) in enumerate(located):
+                if pairs[k] is None:
+                    pairs[k] = (
+                        self._offset(fetched, part, j),
+                        self._offset(fetched, part, j + 1),
+                    )
+            for (part, chunk), values in fetched.items():
+                cache.put((part << _PART_SHIFT) + chunk, values)
         out = []
-        for (shard, j), pair in zip(located, pairs, strict=True):
+        for (part, j), pair in zip(located, pairs, strict=True):
             assert pair is not None
             start, end = pair
-            heap_length = self.shard_length("payload_heap", shard)
+            shard = self.shard_ids[part]
+            heap_length = int(self.manifest.lengths["payload_heap"][part])
             if not 0 <= start <= end <= heap_length:
                 raise CorruptDataError(
                     f"{self.describe(self.manifest.array_key(shard, 'payload_offsets'))}: "
@@ -169,6 +294,16 @@ class OpenedDocuments(OpenedStorage):
                 )
             out.append((shard, start, end))
         return out
+
+    def _offset(self, fetched: dict[tuple[int, int], np.ndarray], part: int, row: int) -> int:
+        """Offset ``row`` of shard position ``part``: from this read's chunks, else kept."""
+        chunk, at = divmod(row, self.offset_rows)
+        values = fetched.get((part, chunk))
+        if values is not None:
+            return int(values[at])
+        value = self.offsets.value((part << _PART_SHIFT) + chunk, at)
+        assert value is not None, "a chunk kept at the start of the read is kept still"
+        return value
 
     def read_encoded(self, indexes: Sequence[int]) -> Program[list[tuple[int, bytes]]]:
         """``(shard, encoded bytes)`` of each document: its span (``spans``), then one
@@ -299,8 +434,23 @@ def _select(storage_format: Any, data: bytes, shard: int, keys: list[str]) -> di
     return {key: document[key] for key in keys}
 
 
-#: Default bytes of per-shard document offsets a reader keeps (8 bytes per document).
+def _runs(chunks: list[int]) -> list[tuple[int, int]]:
+    """Sorted chunk numbers as ``[first, end)`` runs of consecutive ones."""
+    runs: list[tuple[int, int]] = []
+    for chunk in chunks:
+        if runs and runs[-1][1] == chunk:
+            runs[-1] = (runs[-1][0], chunk + 1)
+        else:
+            runs.append((chunk, chunk + 1))
+    return runs
+
+
+#: Default bytes of document offsets a reader keeps (about 5 bytes per document).
 DEFAULT_OFFSETS_CACHE_BYTES = 64 * 1024 * 1024
+#: Inner chunks of ``payload_heap`` in new writes. A document read fetches the chunks it
+#: touches, so about one chunk more than its bytes: 1.5x a 1 KiB document with 512-byte
+#: chunks (2x with 1 KiB), for a chunk index of 3% of a full block.
+DEFAULT_DOCUMENT_CHUNK_BYTES = 512
 #: Records up to this size are read whole when keys are selected: over object storage one
 #: request of 64 KiB costs less time than a header request and a field request in turn.
 DEFAULT_WHOLE_RECORD_BYTES = 64 * 1024
@@ -320,18 +470,20 @@ class DocumentStorage(Storage):
         ``DocumentStorage(url)``. Pickled documents are never unpickled on the word of
         stored metadata: pass ``DocumentPickleFormat()`` to read them.
     offsets_cache_bytes
-        Bytes of document offsets each reader keeps. A shard's offsets are read whole on
-        its first touch, so later reads cost one round of requests (the documents' bytes)
-        instead of two; shards too large for the budget read offsets per document.
+        Bytes of document offsets each reader keeps (``OffsetChunks``: about 5 bytes per
+        document). A document whose offsets are kept costs one round of requests (its
+        bytes) instead of two.
     whole_record_bytes
         ``read(i, keys=[...])`` reads records up to this size whole; larger ones as their
         header, then the selected keys' bytes (formats that can, as ``RecordFormat``).
     **options
-        See ``Storage``.
+        See ``Storage``. ``chunk_bytes`` of the heap defaults to
+        ``DEFAULT_DOCUMENT_CHUNK_BYTES`` (512): a read fetches whole inner chunks.
     """
 
     kind = "document"
     opened_class = OpenedDocuments
+    default_layout = LayoutOptions(chunk_bytes=DEFAULT_DOCUMENT_CHUNK_BYTES)
 
     def __init__(
         self,

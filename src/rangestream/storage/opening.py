@@ -13,9 +13,10 @@ version.
 from __future__ import annotations
 
 import asyncio
+import operator
 import weakref
-from collections.abc import Generator
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Generator, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import numpy as np
 
@@ -26,16 +27,105 @@ from rangestream.io.range_reader import RangeReader
 from rangestream.io.ranges import ObjectRequest
 from rangestream.io.stats import IOStats
 from rangestream.io.store import ObjectStore
+from rangestream.layout.block import ArrayLayout
 from rangestream.layout.executors import MappedExecutor, Program, RemoteExecutor
-from rangestream.layout.manifest import MAX_ROOT_BYTES, ROOT_KEY, Manifest, parse_root
+from rangestream.layout.manifest import (
+    MAX_ROOT_BYTES,
+    ROOT_KEY,
+    Manifest,
+    parse_root,
+    read_shard_table,
+)
 from rangestream.layout.pieces import StoredArray
 
 if TYPE_CHECKING:
     from rangestream.storage.base import Storage
 
-__all__ = ["OpenedStorage", "Opening"]
+__all__ = ["OpenedStorage", "Opening", "ShardArrays", "ShardIds"]
 
 T = TypeVar("T")
+#: Arrays (one per shard and array name) an opened version keeps made; past this many it
+#: forgets them all and makes them again on demand (each is a few hundred bytes).
+MAX_KEPT_ARRAYS = 8192
+
+
+class ShardIds(Sequence[int]):
+    """The shard ids of a version by position, as Python ints, over one int64 array.
+
+    A list of 10^5 ints costs 3.6 MB and a dict from id to position twice that; this is the
+    array the manifest holds, and a position is found by arithmetic when ids are
+    ``0 .. n-1`` (the common case), by bisection otherwise.
+    """
+
+    __slots__ = ("_dense", "_ids")
+
+    def __init__(self, ids: np.ndarray) -> None:
+        self._ids = ids
+        self._dense = len(ids) == 0 or (int(ids[0]) == 0 and int(ids[-1]) == len(ids) - 1)
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    @overload
+    def __getitem__(self, position: int) -> int: ...
+
+    @overload
+    def __getitem__(self, position: slice) -> list[int]: ...
+
+    def __getitem__(self, position: int | slice) -> int | list[int]:
+        if isinstance(position, slice):
+            return [int(s) for s in self._ids[position]]
+        return int(self._ids[position])
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._ids.tolist())
+
+    def __contains__(self, shard: object) -> bool:
+        try:
+            number = operator.index(shard)  # type: ignore[arg-type]
+        except TypeError:
+            return False
+        return self.position(number) is not None
+
+    def position(self, shard: int) -> int | None:
+        """Where shard ``shard`` is in the version (``None``: it has no rows)."""
+        ids = self._ids
+        if self._dense:
+            return shard if 0 <= shard < len(ids) else None
+        position = int(np.searchsorted(ids, shard))
+        return position if position < len(ids) and int(ids[position]) == shard else None
+
+
+class ShardArrays(Sequence[StoredArray]):
+    """Array ``name`` of every shard, by position, made when first asked for.
+
+    What the per-shard lists of arrays were, without making 10^5 of them at open.
+    ``layout`` is the one every shard's blocks can be addressed with (the manifest's).
+    """
+
+    __slots__ = ("_opened", "layout", "name")
+
+    def __init__(self, opened: OpenedStorage, name: str) -> None:
+        self._opened = opened
+        self.name = name
+        self.layout = opened.manifest.arrays[name]
+
+    def __len__(self) -> int:
+        return len(self._opened.shard_ids)
+
+    @overload
+    def __getitem__(self, position: int) -> StoredArray: ...
+
+    @overload
+    def __getitem__(self, position: slice) -> list[StoredArray]: ...
+
+    def __getitem__(self, position: int | slice) -> StoredArray | list[StoredArray]:
+        if isinstance(position, slice):
+            return [self[p] for p in range(len(self))[position]]
+        shard_ids = self._opened.shard_ids
+        if position < 0:
+            position += len(shard_ids)
+        return self._opened.array(shard_ids[position], self.name)
 
 
 class OpenedStorage:
@@ -60,15 +150,16 @@ class OpenedStorage:
         self.mapped = executor if isinstance(executor, MappedExecutor) else None
         self.remote = executor.remote if isinstance(executor, MappedExecutor) else executor
         self.reader = self.remote.reader
-        self.shard_ids = [int(s) for s in manifest.shard_ids]
-        self._shard_position = {shard: i for i, shard in enumerate(self.shard_ids)}
+        self.shard_ids = ShardIds(manifest.shard_ids)
+        self._name_numbers = {name: i + 1 for i, name in enumerate(manifest.arrays)}
         self._arrays: dict[tuple[int, str], StoredArray] = {}
+        self._stored_layouts: dict[tuple[str, int], ArrayLayout] = {}
 
     # -- what is stored -------------------------------------------------------------------
     @property
     def num_shards(self) -> int:
         """One more than the highest shard id written (absent shards have length 0)."""
-        return self.shard_ids[-1] + 1 if self.shard_ids else 0
+        return self.shard_ids[-1] + 1 if len(self.shard_ids) else 0
 
     def bounds(self, name: str, minus: int = 0) -> np.ndarray:
         """Cumulative per-shard lengths of array ``name`` (less ``minus`` per shard)."""
@@ -76,20 +167,51 @@ class OpenedStorage:
         return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
 
     def shard_length(self, name: str, shard: int) -> int:
-        position = self._shard_position.get(shard)
+        position = self.shard_ids.position(shard)
         return 0 if position is None else int(self.manifest.lengths[name][position])
 
+    def arrays_of(self, name: str) -> ShardArrays:
+        """Array ``name`` of every shard, by position, made on demand."""
+        return ShardArrays(self, name)
+
     def array(self, shard: int, name: str) -> StoredArray:
-        """Array ``name`` of ``shard`` (made once)."""
+        """Array ``name`` of ``shard`` (kept while fewer than ``MAX_KEPT_ARRAYS`` are).
+
+        Its ``ident`` is a function of the array name and the shard's position, so an array
+        made again finds the blocks mapped for it before, and a sequence of one name's arrays
+        by position has blocks keyed ``block_base(0) + (position << 40) + block``
+        (``MappedExecutor.block_copier``). Its layout is the one its blocks are stored with
+        (``ArrayLayout.stored_for``: a version 2 array of one block declares its own size).
+        """
         found = self._arrays.get((shard, name))
         if found is None:
+            position = self.shard_ids.position(shard)
+            if position is None:  # no rows, so no blocks: one ident serves every such array
+                length, ident = 0, (len(self._name_numbers) + 1) << 24
+            else:
+                length = int(self.manifest.lengths[name][position])
+                ident = (self._name_numbers[name] << 24) + position
+            if len(self._arrays) >= MAX_KEPT_ARRAYS:
+                self._arrays.clear()
             found = self._arrays[(shard, name)] = StoredArray(
                 self.manifest.array_key(shard, name),
-                self.manifest.arrays[name],
-                self.shard_length(name, shard),
+                self._stored_layout(name, length),
+                length,
                 name,
-                len(self._arrays) + 1,
+                ident,
             )
+        return found
+
+    def _stored_layout(self, name: str, length: int) -> ArrayLayout:
+        layout = self.manifest.arrays[name]
+        if length > layout.block_rows:
+            return layout
+        chunks = -(-max(length, 1) // layout.chunk_rows)  # one layout per chunk count
+        found = self._stored_layouts.get((name, chunks))
+        if found is None:
+            if len(self._stored_layouts) >= MAX_KEPT_ARRAYS:
+                self._stored_layouts.clear()
+            found = self._stored_layouts[(name, chunks)] = self.manifest.stored_layout(name, length)
         return found
 
     def describe(self, key: str) -> str:
@@ -108,6 +230,12 @@ class OpenedStorage:
         return await self.executor.run(program, max_concurrency=max_concurrency)
 
     # -- releasing ---------------------------------------------------------------------------
+    async def arelease_connections(self) -> None:
+        """Release the running loop's connections (and open files), keeping everything
+        else: the manifest, the kind's index, the caches and mapped blocks. A read on
+        another loop reconnects there; nothing is opened again."""
+        await self.store.aclose()
+
     def release_sync(self) -> None:
         """Release open files, mappings and connections; reads make them again when needed."""
         if self.mapped is not None:
@@ -127,6 +255,8 @@ def _open_program(
     (raw,) = yield [ObjectRequest(ROOT_KEY, MAX_ROOT_BYTES)]
     manifest = parse_root(bytes(raw), store.describe(ROOT_KEY), storage.kind)
     storage._check_schema(manifest)
+    # the per-shard rows of a dataset of many shards: one more request per 4 MiB of them
+    manifest = yield from read_shard_table(manifest, store.describe)
     index = yield from storage._open_index(manifest)
     return manifest, index
 
@@ -240,6 +370,23 @@ class Opening:
             self.opened.value = opened
         tasks.pop(loop, None)
         return self.opened.value
+
+    def release_sync(self) -> None:
+        """Release files and the I/O loop's connections, keeping the opened version.
+
+        For a reader that outlives one use (a persistent DataLoader worker's next epoch):
+        its next read opens nothing and keeps what the reader learnt (indexes, offsets).
+        """
+        opened = self.opened.value
+        if opened is not None:
+            opened.store.close_sync()
+
+    async def arelease(self) -> None:
+        """``release_sync`` for the running loop: call it before closing a loop whose reads
+        are done; a later read on another loop reuses the opened version."""
+        opened = self.opened.value
+        if opened is not None:
+            await opened.arelease_connections()
 
     def forget_sync(self) -> None:
         """Release and forget the opened version; the next read opens the dataset again."""

@@ -62,6 +62,11 @@ class SyncReader:
         """Release files, mappings and connections; a later read opens the dataset again."""
         self._opening.forget_sync()
 
+    def release(self) -> None:
+        """Release files and connections but keep the opened version: the next read (an
+        epoch later, say) opens nothing and keeps the indexes and offsets read so far."""
+        self._opening.release_sync()
+
 
 class AsyncReader:
     """Context-managed async reader; its reads run on the loop that awaits them."""
@@ -98,3 +103,9 @@ class AsyncReader:
 
     async def aclose(self) -> None:
         await self._opening.aforget()
+
+    async def arelease(self) -> None:
+        """Release the running loop's connections but keep the opened version, so the
+        reader can be used again on another loop without opening anything: call it before
+        that loop closes (a persistent DataLoader worker between epochs)."""
+        await self._opening.arelease()

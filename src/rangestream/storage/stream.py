@@ -170,15 +170,16 @@ class OpenedStream(OpenedStorage):
         bounds = self.bounds("stream")
         self.stream_bounds = bounds
         self.total_length = int(bounds[-1])
-        self.record_bounds = self.bounds("record_ends")
-        self.num_records = int(self.record_bounds[-1])
-        self._record_bounds = self.record_bounds.tolist()
-        self._bounds = [int(b) for b in bounds]  # bisect on ints beats numpy here
+        self.num_records = int(self.manifest.totals["record_ends"])
+        # made by the first record lookup: readers of windows never need them
+        self._record_starts: np.ndarray | None = None
+        self._record_bounds: list[int] | None = None
+        self._bounds: list[int] = bounds.tolist()  # bisect on ints beats numpy here
         self.dtype = self.manifest.arrays["stream"].dtype
         self.itemsize = self.dtype.itemsize
         self.format: Any = self.storage._reading_format(self.manifest)
         self.unpack = self.format.unpack
-        self._streams = [self.array(shard, "stream") for shard in self.shard_ids]
+        self._streams = self.arrays_of("stream")  # made per shard when first read
         self._segment_arrays: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
         self._window_readers: dict[tuple[int, int], Callable[[int], Any]] = {}
         self.record_ends = ArrayCache(self.storage.record_ends_cache_bytes)  # type: ignore[attr-defined]
@@ -270,8 +271,18 @@ class OpenedStream(OpenedStorage):
             raise OutOfRangeError(
                 f"record {index} is outside the {count} records [0, {count}) of {self.storage.url}"
             )
-        part = bisect.bisect_right(self._record_bounds, position) - 1
-        return part, position - int(self.record_bounds[part])
+        bounds = self._record_bounds
+        if bounds is None:  # a list of ints bisects faster than numpy
+            bounds = self._record_bounds = self.record_bounds.tolist()
+        part = bisect.bisect_right(bounds, position) - 1
+        return part, position - bounds[part]
+
+    @property
+    def record_bounds(self) -> np.ndarray:
+        """Cumulative records per shard position (made on first use)."""
+        if self._record_starts is None:
+            self._record_starts = self.bounds("record_ends")
+        return self._record_starts
 
     def _cacheable_ends(self, part: int) -> bool:
         rows = self.shard_length("record_ends", self.shard_ids[part])
@@ -421,21 +432,26 @@ class OpenedStream(OpenedStorage):
         bounds, dtype, itemsize = self._bounds, self.dtype, self.itemsize
         last = bounds[-1] - length
         unpack, empty, bisect_right = self.unpack, np.empty, bisect.bisect_right
-        segments = [self.segment_arrays(length, part) for part in range(len(self._streams))]
-        # the last start of a window inside each shard (bisect skips empty shards)
-        inside = [bounds[part + 1] - length for part in range(len(self._streams))]
+        segment_arrays = self.segment_arrays
+        # unpack's segment arrays by shard position, made as shards are first read
+        segments: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
         def read(index: int) -> Any:
             start = index * stride
             if start < 0 or start > last:
                 return None
-            part = bisect_right(bounds, start) - 1
-            if start > inside[part]:
+            part = bisect_right(bounds, start) - 1  # (bisect skips empty shards)
+            if start > bounds[part + 1] - length:
                 return None  # spans shards
             out = empty(length, dtype)
             if not copy(part, start - bounds[part], length, ((out, 0, itemsize),)):
                 return None
-            lengths, shards = segments[part]
+            segment = segments.get(part)
+            if segment is None:
+                if len(segments) >= _MAX_SEGMENT_ARRAYS:
+                    segments.clear()
+                segment = segments[part] = segment_arrays(length, part)
+            lengths, shards = segment
             return unpack(out, lengths, shards)
 
         if len(self._window_readers) >= 64:

@@ -11,8 +11,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import numpy as np
-
 from rangestream.errors import DatasetNotFoundError, MetadataError, MissingObjectError
 from rangestream.io.local import LocalStore
 from rangestream.io.process import run_blocking
@@ -145,7 +143,7 @@ async def asummarize_dataset(
         commit_id=manifest.commit_id,
         committed_at=committed_at if isinstance(committed_at, str) else None,
         previous_commit_id=previous if isinstance(previous, str) else None,
-        shards=len(manifest.shard_ids),
+        shards=manifest.num_shards,
         schema=_schema_in_words(manifest),
         counts=_counts(manifest),
         stored_bytes=sum(info.size for info in objects),
@@ -158,12 +156,11 @@ async def asummarize_dataset(
 
 
 def _total(manifest: Manifest, name: str) -> int:
-    values = manifest.lengths.get(name)
-    return 0 if values is None else int(np.sum(values, dtype=np.int64))
+    return int(manifest.totals.get(name, 0))
 
 
 def _counts(manifest: Manifest) -> dict[str, int]:
-    shards = len(manifest.shard_ids)
+    shards = manifest.num_shards
     kind = manifest.kind
     if kind == "stream":
         return {

@@ -47,6 +47,7 @@ from rangestream.layout.manifest import (
     Manifest,
     data_prefix,
     parse_root,
+    read_shard_table,
 )
 from rangestream.layout.pieces import RowRead, StoredArray
 from rangestream.storage.gc import find_orphans
@@ -145,6 +146,14 @@ async def _read_manifest(reader: RangeReader, report: VerifyReport) -> Manifest 
     except CorruptDataError as error:
         report.add(store.describe(ROOT_KEY), f"unreadable dataset metadata: {error}")
         return None
+    if not manifest.complete:
+        try:
+            manifest = await RemoteExecutor(reader, verify=True).run(
+                read_shard_table(manifest, store.describe)
+            )
+        except CorruptDataError as error:
+            report.add(store.describe(manifest.table_key), f"unreadable shard table: {error}")
+            return None
     report.kind, report.commit_id = manifest.kind, manifest.commit_id
     report.shards = len(manifest.shard_ids)
     return manifest
@@ -162,9 +171,10 @@ async def _scan(
     blocks: list[Block] = []
     checks: list[OffsetCheck] = []
     for position, shard in enumerate(int(s) for s in manifest.shard_ids):
-        for name, layout in manifest.arrays.items():
+        for name in manifest.arrays:
             report.arrays += 1
             length = int(manifest.lengths[name][position])
+            layout = manifest.stored_layout(name, length)
             key = manifest.array_key(shard, name)
             await _check_array_metadata(reader, key, layout, length, report)
             present = await _block_objects(store, key, layout, length, report)
@@ -256,11 +266,28 @@ async def _block_objects(
     return present
 
 
+async def _check_shard_table(reader: RangeReader, manifest: Manifest, report: VerifyReport) -> None:
+    """``index/shards`` (what readers of many shards open with) must equal the manifest."""
+    where = reader.store.describe(manifest.table_key)
+    count = manifest.num_shards
+    array = StoredArray(manifest.table_key, manifest.table_layout, count, "shards")
+    read = RowRead.whole(array, 0, count, _INT64)
+    try:
+        await RemoteExecutor(reader, verify=True).execute([read])
+    except CorruptDataError as error:
+        report.add(where, f"cannot be read: {error}")
+        return
+    if not np.array_equal(read.target.reshape(count, -1), manifest.table_rows()):
+        report.add(where, "its rows differ from the shards the root lists")
+
+
 async def _check_index_arrays(
     reader: RangeReader, manifest: Manifest, report: VerifyReport
 ) -> None:
     """The per-shard counts stored for Zarr-only readers must equal the manifest's."""
     store = reader.store
+    if manifest.format_version >= 2:
+        await _check_shard_table(reader, manifest, report)
     expected = {"shard_ids": manifest.shard_ids}
     expected.update({f"{name}_length": values for name, values in manifest.lengths.items()})
     prefix = f"{data_prefix(manifest.commit_id)}/index"

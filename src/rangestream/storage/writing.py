@@ -12,11 +12,23 @@ S3 ``If-Match`` / ``If-None-Match``, a lock and a rename on local disk, check-th
 elsewhere) and read back afterwards, so of two concurrent commits the one that lost
 learns it (``CommitConflictError``) instead of reporting a success nobody can read.
 Every error a caller can cause here ends in the library's exception classes.
+
+A writer's memory is bounded by a budget (``max_buffered_bytes``), not by the number of
+shards it owns: each shard's partial last block waits in memory until it fills, and when
+the partial blocks of all shards together exceed the budget, those of the least recently
+appended shards are uploaded as raw *pieces* under ``data/<commit>/spill/<part id>/`` and
+dropped from memory. A block with pieces is assembled when it fills (or at close): its
+pieces are read back, joined with the rows still in memory and uploaded as the block. Each
+spill costs one put; each block assembled from ``n`` pieces costs ``n`` gets; the writer
+deletes its spill prefix once at close (one listing and a batched delete). Bytes move
+about twice instead of once for the spilled rows, which is what a budget far below
+``shards x block`` buys.
 """
 
 from __future__ import annotations
 
 import abc
+import asyncio
 import contextlib
 import copy
 import datetime
@@ -26,8 +38,8 @@ import random
 import re
 import threading
 import uuid
-from collections import deque
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections import OrderedDict, deque
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -39,6 +51,7 @@ from rangestream.errors import (
     CommitConflictError,
     CommitError,
     ConcurrentWriteError,
+    CorruptDataError,
     DatasetExistsError,
     InvalidShardError,
     MetadataError,
@@ -49,17 +62,21 @@ from rangestream.errors import (
 )
 from rangestream.io.local import LocalStore
 from rangestream.io.process import io_loop, run_blocking
+from rangestream.io.range_reader import RangeReader
 from rangestream.io.retry import retrying
 from rangestream.io.retrying_store import RetryingStore
 from rangestream.io.store import ObjectStore
 from rangestream.layout.block import ArrayLayout, encode_block
 from rangestream.layout.dtypes import little_endian
+from rangestream.layout.executors import RemoteExecutor
 from rangestream.layout.manifest import (
     MAX_ROOT_BYTES,
     ROOT_KEY,
+    SHARD_TABLE,
     Manifest,
     data_prefix,
     parse_root,
+    read_shard_table,
     shard_prefix,
 )
 from rangestream.layout.zarr_json import array_document, dumps, group_document
@@ -72,6 +89,12 @@ T = TypeVar("T")
 
 #: Uploads in flight per writer; bounds memory to about this many blocks.
 MAX_PENDING_UPLOADS = 8
+#: Default bound on the bytes of partial blocks one writer keeps in memory, all its shards
+#: together (64 partial blocks of 4 MiB); beyond, the least recently appended shards'
+#: partial blocks are uploaded as pieces and dropped from memory.
+DEFAULT_MAX_BUFFERED_BYTES = 256 * 1024 * 1024
+#: Objects the commit reads or writes at once (parts, index and group documents).
+COMMIT_CONCURRENCY = 64
 #: What a caller-chosen part id may be: it becomes the object name ``parts/<id>.json``.
 _PART_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 
@@ -87,11 +110,26 @@ class _Uploader:
         if isinstance(self.store, LocalStore):
             self.store.put_sync(key, data)
             return
-        import asyncio
-
         while len(self._pending) >= MAX_PENDING_UPLOADS:
             self._pending.popleft().result()
         self._pending.append(asyncio.run_coroutine_threadsafe(self.store.put(key, data), io_loop()))
+
+    def get_all(self, keys: Sequence[str]) -> list[bytes]:
+        """Whole objects, fetched together (pieces of a block being assembled)."""
+        store = self.store
+        if isinstance(store, LocalStore):
+            return [store.get_sync(key) for key in keys]
+
+        async def fetch() -> list[bytes]:
+            return list(await asyncio.gather(*(store.get(key) for key in keys)))
+
+        return asyncio.run_coroutine_threadsafe(fetch(), io_loop()).result()
+
+    def delete_prefix(self, prefix: str) -> None:
+        if isinstance(self.store, LocalStore):
+            run_blocking(self.store.delete_prefix(prefix))
+            return
+        asyncio.run_coroutine_threadsafe(self.store.delete_prefix(prefix), io_loop()).result()
 
     def flush(self) -> None:
         while self._pending:
@@ -104,15 +142,29 @@ class _Uploader:
 
 
 class _ArrayWriter:
-    """Rows of one array of one shard, uploaded one full block at a time."""
+    """Rows of one array of one shard, uploaded one full block at a time.
 
-    def __init__(self, key: str, layout: ArrayLayout, uploader: _Uploader) -> None:
+    The rows of the block being filled are in memory (``buffered`` bytes), or partly in
+    pieces that ``spill`` uploaded (``_pieces``: their sizes; piece ``i`` of block ``b`` is
+    ``<spill_key>/<b>.<i>``), which the block's assembly reads back.
+    """
+
+    def __init__(self, key: str, layout: ArrayLayout, uploader: _Uploader, spill_key: str) -> None:
         self.key = key
         self.layout = layout
         self.uploader = uploader
+        self.spill_key = spill_key
         self.length = 0
         self._buffer = bytearray()
         self._blocks_written = 0
+        self._pieces: list[int] = []
+        self._piece_bytes = 0
+        self._block_nbytes = layout.block_rows * layout.row_nbytes
+
+    @property
+    def buffered(self) -> int:
+        """Bytes of rows held in memory."""
+        return len(self._buffer)
 
     def append(self, rows: np.ndarray) -> None:
         if rows.dtype != self.layout.dtype and little_endian(rows.dtype) == self.layout.dtype:
@@ -120,22 +172,55 @@ class _ArrayWriter:
         data = np.ascontiguousarray(rows).view(np.uint8).reshape(-1)
         self._buffer += data.data
         self.length += data.size // self.layout.row_nbytes
-        block_nbytes = self.layout.block_rows * self.layout.row_nbytes
-        while len(self._buffer) >= block_nbytes:
-            block = bytes(self._buffer[:block_nbytes])
-            del self._buffer[:block_nbytes]
-            self._upload(block)
+        while self._piece_bytes + len(self._buffer) >= self._block_nbytes:
+            take = self._block_nbytes - self._piece_bytes
+            block = self._assemble(self._buffer[:take])
+            del self._buffer[:take]
+            self._upload(block, self.layout)
 
-    def _upload(self, block: bytes) -> None:
-        key = self.layout.block_key(self.key, self._blocks_written)
-        self.uploader.put(key, encode_block(self.layout, block))
+    def spill(self) -> int:
+        """Upload the rows held in memory as a piece of the current block; bytes freed."""
+        freed = len(self._buffer)
+        if freed:
+            self.uploader.put(self._piece_key(len(self._pieces)), bytes(self._buffer))
+            self._pieces.append(freed)
+            self._piece_bytes += freed
+            self._buffer = bytearray()
+        return freed
+
+    def _piece_key(self, piece: int) -> str:
+        return f"{self.spill_key}/{self._blocks_written}.{piece}"
+
+    def _assemble(self, tail: bytes | bytearray) -> bytes | bytearray:
+        """The current block's rows: its pieces, read back, then ``tail``."""
+        if not self._pieces:
+            return tail
+        self.uploader.flush()  # the pieces must have landed before they are read back
+        keys = [self._piece_key(piece) for piece in range(len(self._pieces))]
+        datas = self.uploader.get_all(keys)
+        for key, nbytes, data in zip(keys, self._pieces, datas, strict=True):
+            if len(data) != nbytes:
+                raise StorageError(
+                    f"{self.uploader.store.describe(key)}: a spilled piece of {nbytes} bytes "
+                    f"read back as {len(data)} bytes"
+                )
+        self._pieces.clear()
+        self._piece_bytes = 0
+        return b"".join([*datas, bytes(tail)])
+
+    def _upload(self, block: bytes | bytearray, layout: ArrayLayout) -> None:
+        key = layout.block_key(self.key, self._blocks_written)
+        self.uploader.put(key, encode_block(layout, bytes(block)))
         self._blocks_written += 1
 
     def finish(self, attributes: dict[str, Any] | None = None) -> int:
-        if self._buffer:
-            self._upload(bytes(self._buffer))
-            self._buffer.clear()
-        document = array_document(self.layout, self.length, attributes)
+        # an array that never filled a block is stored as one block of its own length
+        layout = self.layout.stored_for(self.length) if not self._blocks_written else self.layout
+        rest = self._assemble(self._buffer)
+        if rest:
+            self._upload(rest, layout)
+        self._buffer = bytearray()
+        document = array_document(layout, self.length, attributes)
         self.uploader.put(f"{self.key}/zarr.json", dumps(document))
         return self.length
 
@@ -208,15 +293,18 @@ class WriteSession:
             return "append"
         return "overwrite" if self.overwrite else "create"
 
-    def sync_writer(self, *, part_id: str | None = None) -> DatasetWriter:
+    def sync_writer(
+        self, *, part_id: str | None = None, max_buffered_bytes: int | None = None
+    ) -> DatasetWriter:
         """A writer for this session; closing it records its part but commits nothing.
 
         ``part_id`` names the writer's part manifest (a random id by default). A caller
         that may run the same work twice (a retried task) passes an id derived from the
         work itself, so the second run overwrites the first run's part instead of adding
-        a conflicting one.
+        a conflicting one. ``max_buffered_bytes`` bounds the partial blocks the writer
+        keeps in memory (``DEFAULT_MAX_BUFFERED_BYTES``; see the module notes).
         """
-        return DatasetWriter(self, part_id=part_id)
+        return DatasetWriter(self, part_id=part_id, max_buffered_bytes=max_buffered_bytes)
 
     def commit(self) -> Manifest:
         """Publish everything the session's closed writers wrote, atomically.
@@ -264,18 +352,22 @@ class WriteSession:
                 with contextlib.suppress(MetadataError):  # unreadable: replaced, not chained
                     previous = _parse_bounded_root(old_root, store.describe(ROOT_KEY))
             base = self._appended(previous)
+            if base is not None:
+                base = await completed(store, base)
             if exists and not self.overwrite and base is None:
                 raise DatasetExistsError(
                     f"{storage.url} already holds a committed dataset; "
                     "pass overwrite=True to replace it, or mode='append' to add shards"
                 )
-            part_keys = [
+            part_keys = sorted(
                 key for key in await store.list(f"{self.prefix}/parts") if key.endswith(".json")
-            ]
+            )
+            raws = await _bounded(
+                [store.get_range(key, 0, MAX_ROOT_BYTES + 1) for key in part_keys]
+            )
             owners: dict[int, str] = {}
             shard_lengths: dict[int, dict[str, int]] = {}
-            for key in part_keys:
-                raw = await store.get_range(key, 0, MAX_ROOT_BYTES + 1)
+            for key, raw in zip(part_keys, raws, strict=True):
                 part, schema = _parse_part(raw, store.describe(key))
                 if schema is not None:
                     storage = storage._bind_schema(schema, store.describe(key))
@@ -309,11 +401,18 @@ class WriteSession:
             manifest = Manifest(
                 storage.kind, self.commit_id, schema, layouts, ids, lengths, extra, inherited
             )
-            await store.put("data/zarr.json", dumps(group_document()))
-            await store.put(f"{self.prefix}/zarr.json", dumps(group_document()))
-            await store.put(f"{self.prefix}/shards/zarr.json", dumps(group_document()))
-            await _write_index_arrays(store, self.prefix, manifest)
-            await storage._write_derived_index(store, manifest)
+            groups = (
+                "data/zarr.json",
+                f"{self.prefix}/zarr.json",
+                f"{self.prefix}/shards/zarr.json",
+            )
+            await _bounded(
+                [
+                    *(store.put(key, dumps(group_document())) for key in groups),
+                    *_index_puts(store, self.prefix, manifest),
+                    storage._write_derived_index(store, manifest),
+                ]
+            )
             with library_errors(f"writing {store.describe(ROOT_KEY)}"):
                 root = dumps(manifest.root_document())
                 await _publish_root(store, root, version, self.commit_id)
@@ -331,6 +430,28 @@ class WriteSession:
             return manifest
         finally:
             await store.aclose()
+
+
+async def _bounded(calls: Sequence[Coroutine[Any, Any, T]]) -> list[T]:
+    """Await ``calls`` with at most ``COMMIT_CONCURRENCY`` running at once, results in order.
+
+    A failure cancels the calls still running (``TaskGroup``) and is raised as it is.
+    """
+    slots = asyncio.Semaphore(COMMIT_CONCURRENCY)
+
+    async def one(call: Coroutine[Any, Any, T]) -> T:
+        try:
+            async with slots:
+                return await call
+        finally:
+            call.close()  # one cancelled before it started is closed, not left unawaited
+
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(one(call)) for call in calls]
+    except BaseExceptionGroup as failed:
+        raise failed.exceptions[0] from None
+    return [task.result() for task in tasks]
 
 
 @contextlib.contextmanager
@@ -382,9 +503,18 @@ async def read_committed(store: ObjectStore) -> tuple[bool, Manifest | None]:
         except FileNotFoundError:
             return False, None
     try:
-        return True, _parse_bounded_root(raw, store.describe(ROOT_KEY))
-    except MetadataError:
+        return True, await completed(store, _parse_bounded_root(raw, store.describe(ROOT_KEY)))
+    except CorruptDataError:
         return True, None
+
+
+async def completed(store: ObjectStore, manifest: Manifest) -> Manifest:
+    """``manifest`` with its shard ids and lengths, read from ``index/shards`` if the root
+    does not list them (an append numbers its shards after them and lists them all)."""
+    if manifest.complete:
+        return manifest
+    reader = RangeReader(store)
+    return await RemoteExecutor(reader, verify=True).run(read_shard_table(manifest, store.describe))
 
 
 def _utc_now() -> str:
@@ -470,20 +600,41 @@ def _parse_bounded_root(raw: bytes, where: str) -> Manifest:
     return parse_root(raw, where)
 
 
-async def _write_index_arrays(store: ObjectStore, prefix: str, manifest: Manifest) -> None:
-    """Per-shard counts as Zarr arrays too, for readers that know only Zarr."""
+def _index_puts(
+    store: ObjectStore, prefix: str, manifest: Manifest
+) -> list[Coroutine[Any, Any, None]]:
+    """The puts of ``index/``: the shard table (one row per shard: its id and each array's
+    rows), which readers read at open when the root does not list the shards, and the same
+    numbers one array per column (``shard_ids``, ``<array>_length``, as version 1 wrote
+    them), for readers that know only Zarr."""
     int64 = np.dtype("<i8")
-    columns = {"shard_ids": manifest.shard_ids}
-    columns.update({f"{name}_length": values for name, values in manifest.lengths.items()})
-    await store.put(f"{prefix}/index/zarr.json", dumps(group_document()))
-    for name, values in columns.items():
-        layout = ArrayLayout.for_sizes(int64, (), chunk_bytes=64 * 1024, block_bytes=1 << 22)
+    puts = [store.put(f"{prefix}/index/zarr.json", dumps(group_document()))]
+    table = manifest.table_rows()
+    arrays: list[tuple[str, ArrayLayout, np.ndarray, dict[str, Any]]] = [
+        (
+            SHARD_TABLE.removeprefix("index/"),
+            manifest.table_layout,
+            table,
+            {"rangestream_columns": manifest.table_columns},
+        ),
+        ("shard_ids", _column_layout(), table[:, 0], {}),
+    ]
+    for i, name in enumerate(manifest.arrays):
+        arrays.append((f"{name}_length", _column_layout(), table[:, 1 + i], {}))
+    for name, layout, values, attributes in arrays:
         key = f"{prefix}/index/{name}"
         data = np.ascontiguousarray(values, dtype=int64)
         for block in range(layout.num_blocks(len(data))):
             rows = data[block * layout.block_rows : (block + 1) * layout.block_rows]
-            await store.put(layout.block_key(key, block), encode_block(layout, rows.view(np.uint8)))
-        await store.put(f"{key}/zarr.json", dumps(array_document(layout, len(data))))
+            encoded = encode_block(layout, rows.view(np.uint8))
+            puts.append(store.put(layout.block_key(key, block), encoded))
+        document = array_document(layout, len(data), attributes)
+        puts.append(store.put(f"{key}/zarr.json", dumps(document)))
+    return puts
+
+
+def _column_layout() -> ArrayLayout:
+    return ArrayLayout.for_sizes(np.dtype("<i8"), (), chunk_bytes=64 * 1024, block_bytes=1 << 22)
 
 
 def _parse_part(raw: bytes, where: str) -> tuple[dict[int, dict[str, int]], dict[str, Any] | None]:
@@ -510,25 +661,59 @@ class DatasetWriter:
     Use as a context manager. Shards may be appended to in any order and interleaved; each
     shard's records keep their append order. On a clean exit the writer uploads what it
     buffered and records its part; an exception inside the ``with`` block discards it.
+
+    Memory: at most ``max_buffered_bytes`` of partial blocks (default
+    ``DEFAULT_MAX_BUFFERED_BYTES``), whatever the number of shards, plus the blocks being
+    uploaded (``MAX_PENDING_UPLOADS``); see the module notes for what spilling costs.
     """
 
-    def __init__(self, session: WriteSession, *, part_id: str | None = None) -> None:
+    def __init__(
+        self,
+        session: WriteSession,
+        *,
+        part_id: str | None = None,
+        max_buffered_bytes: int | None = None,
+    ) -> None:
         if part_id is not None and (
             not isinstance(part_id, str) or not _PART_ID.match(part_id) or part_id in {".", ".."}
         ):
             raise ValueError(
                 f"part_id must be 1-128 characters of A-Z, a-z, 0-9, '_', '.', '-', got {part_id!r}"
             )
+        if max_buffered_bytes is None:
+            max_buffered_bytes = DEFAULT_MAX_BUFFERED_BYTES
+        if (
+            isinstance(max_buffered_bytes, bool)
+            or not isinstance(max_buffered_bytes, int)
+            or (max_buffered_bytes < 0)
+        ):
+            raise ValueError(
+                f"max_buffered_bytes must be a non-negative integer, got {max_buffered_bytes!r}"
+            )
         self.session = session
         self.storage = session.storage
         self.part_id = part_id if part_id is not None else uuid.uuid4().hex
+        self.max_buffered_bytes = max_buffered_bytes
         self._store = self.storage._new_write_store()
         self._uploader = _Uploader(self._store)
         self._layouts = self.storage._array_layouts()
-        self._shards: dict[int, tuple[ShardEncoder, dict[str, _ArrayWriter]]] = {}
+        #: Shards by their last append, least recent first (the first to spill).
+        self._shards: OrderedDict[int, tuple[ShardEncoder, dict[str, _ArrayWriter]]] = OrderedDict()
+        self._buffered = 0
+        self._spilled = False
         self._closed = False
         self._pid = os.getpid()
         self._lock = threading.Lock()
+
+    @property
+    def spill_prefix(self) -> str:
+        """Where this writer's spilled pieces go (deleted when it closes)."""
+        return f"{self.session.prefix}/spill/{self.part_id}"
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes of partial blocks held in memory now, all shards together."""
+        return self._buffered
 
     def __enter__(self) -> DatasetWriter:
         return self
@@ -562,8 +747,11 @@ class DatasetWriter:
                 lengths = {name: len(initial.get(name, ())) for name in layouts}
                 rows_by_array = encoder.encode(data, lengths)
                 prefix = shard_prefix(self.session.commit_id, shard)
+                spill = f"{self.spill_prefix}/{shard}"
                 writers = {
-                    name: _ArrayWriter(f"{prefix}/{name}", layout, self._uploader)
+                    name: _ArrayWriter(
+                        f"{prefix}/{name}", layout, self._uploader, f"{spill}/{name}"
+                    )
                     for name, layout in layouts.items()
                 }
                 for name, rows in initial.items():
@@ -571,12 +759,28 @@ class DatasetWriter:
                 entry = self._shards[shard] = (encoder, writers)
                 self.storage, self._layouts = storage, layouts
             else:
+                self._shards.move_to_end(shard)
                 encoder, writers = entry
                 lengths = {name: writer.length for name, writer in writers.items()}
                 rows_by_array = encoder.encode(data, lengths)
             with library_errors(f"writing to {self.storage.url}"):
+                before = sum(writer.buffered for writer in entry[1].values())
                 for name, rows in rows_by_array.items():
                     entry[1][name].append(rows)
+                self._buffered += sum(writer.buffered for writer in entry[1].values()) - before
+                if self._buffered > self.max_buffered_bytes:
+                    self._spill()
+
+    def _spill(self) -> None:
+        """Upload partial blocks of the least recently appended shards until within budget."""
+        for _, writers in self._shards.values():
+            for writer in writers.values():
+                freed = writer.spill()
+                if freed:
+                    self._buffered -= freed
+                    self._spilled = True
+            if self._buffered <= self.max_buffered_bytes:
+                return
 
     def close(self) -> None:
         """Upload the rest, write array metadata and this writer's part manifest."""
@@ -595,11 +799,14 @@ class DatasetWriter:
                 prefix = shard_prefix(self.session.commit_id, shard)
                 self._uploader.put(f"{prefix}/zarr.json", dumps(group_document()))
                 shards[str(shard)] = lengths
+            self._buffered = 0
             part: dict[str, Any] = {"part_id": self.part_id, "shards": shards}
             if self.storage is not self.session.storage:
                 part["schema"] = self.storage._schema()  # bound by the first record
             # the part says "this writer's data is complete": it must land after the data
             self._uploader.flush()
+            if self._spilled:  # every piece has been read back into its block by now
+                self._uploader.delete_prefix(self.spill_prefix)
             self._uploader.put(
                 f"{self.session.prefix}/parts/{self.part_id}.json", json.dumps(part).encode()
             )
@@ -677,6 +884,7 @@ def check_appendable(storage: Storage, base: Manifest) -> None:
         raise SchemaMismatchError(
             f"{where} holds a {base.kind!r} dataset; a {storage.kind!r} write cannot append to it"
         )
+    check_appendable_version(base, where)
     storage._check_schema(base)
     layouts = storage._array_layouts()
     if set(layouts) != set(base.arrays):
@@ -692,9 +900,20 @@ def check_appendable(storage: Storage, base: Manifest) -> None:
             )
 
 
+def check_appendable_version(base: Manifest, where: str) -> None:
+    """Refuse to append to a version 1 dataset: its arrays of one block are stored with
+    full blocks, which a version 2 manifest would misdescribe (``Manifest.stored_layout``)."""
+    if base.format_version < 2:
+        raise SchemaMismatchError(
+            f"{where} holds a format_version {base.format_version} dataset, which cannot be "
+            "appended to; write it again with this library (format_version 2), then append"
+        )
+
+
 def appending_storage(storage: Storage, base: Manifest) -> Storage:
     """``storage``, with layout options that cut arrays as ``base`` stores them if its own
     do not (the first write chose other sizes): appended shards must match."""
+    check_appendable_version(base, storage.url)
     if storage._array_layouts() == base.arrays:
         return storage
     for layout in base.arrays.values():

@@ -1,0 +1,103 @@
+"""Committing a write of many parts (one per writer), locally and over S3.
+
+Run: ``python -m benchmarks.scale.commit --label after [--quick]``.
+
+For ``P`` parts of 100 shards each (stream kind; the parts are written as writers write
+them, the shards they list hold no objects: the commit reads parts, not shard data), the
+time of ``session.commit()``, median and range over three commits, on local disk and over
+a local SeaweedFS, directly and behind a proxy adding 20 ms to every request; over the
+proxy also its counts: requests by method and the most requests it saw in flight at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import urllib.request
+from typing import Any
+
+from benchmarks.scale import harness
+
+PARTS = (1, 10, 100, 1000)
+SHARDS_PER_PART = 100
+REPEATS = 3
+
+
+def prepare(url: str, parts: int, options: dict[str, Any]) -> Any:
+    storage = harness.storage("stream", url, **options)
+    session = storage.parallel_write(overwrite=True)
+    lengths = harness.claim("stream")
+    for part in range(parts):
+        shards = range(part * SHARDS_PER_PART, (part + 1) * SHARDS_PER_PART)
+        document = {"part_id": f"p{part}", "shards": {str(s): lengths for s in shards}}
+        harness.put(storage, f"{session.prefix}/parts/p{part}.json", json.dumps(document).encode())
+    return session
+
+
+def series(
+    where: str, url: str, options: dict[str, Any], stats_url: str | None, parts: tuple
+) -> dict:
+    out = {}
+    for count in parts:
+        times, counts = [], None
+        for _ in range(REPEATS):
+            session = prepare(url, count, options)
+            if stats_url is not None:
+                _post(stats_url.replace("/stats", "/reset"))
+            began = time.perf_counter()
+            session.commit()
+            times.append(time.perf_counter() - began)
+            if stats_url is not None:
+                stats = json.loads(urllib.request.urlopen(stats_url, timeout=10).read())
+                methods = dict(stats["requests_by_method"])
+                methods["POST"] = methods.get("POST", 0) - 1  # the reset itself
+                counts = {
+                    "requests_by_method": {k: v for k, v in methods.items() if v},
+                    "max_in_flight": stats["max_in_flight"],
+                }
+        out[str(count)] = {"seconds": harness.spread(times), "proxy": counts}
+        print(where, count, out[str(count)], flush=True)
+    return out
+
+
+def _post(url: str) -> None:
+    urllib.request.urlopen(urllib.request.Request(url, method="POST"), timeout=10).read()
+
+
+def run(label: str, quick: bool) -> dict:
+    from benchmarks.s3env import S3Environment
+
+    parts = PARTS[:3] if quick else PARTS
+    result: dict[str, Any] = {"library": harness.code_version(), "shards_per_part": SHARDS_PER_PART}
+    local = harness.fresh_dir(harness.work_dir(label, "commit") / "local")
+    result["local"] = series("local", str(local / "ds"), {}, None, parts)
+    with S3Environment(harness.work_dir(label, "s3env"), latency_ms=20.0) as env:
+        endpoint = env.endpoint
+        assert endpoint is not None
+        for name, endpoint_url, stats in (
+            ("s3", endpoint.direct_url, None),
+            ("s3_20ms", endpoint.proxy_url, endpoint.stats_url),
+        ):
+            options = {
+                "storage_options": {
+                    "key": endpoint.access_key,
+                    "secret": endpoint.secret_key,
+                    "client_kwargs": {"endpoint_url": endpoint_url, "region_name": endpoint.region},
+                }
+            }
+            url = f"s3://{endpoint.bucket}/{label}/commit-{name}"
+            result[name] = series(name, url, options, stats, parts)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--label", required=True)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    print(harness.save(args.label, "commit", run(args.label, args.quick)))
+
+
+if __name__ == "__main__":
+    main()
