@@ -40,6 +40,8 @@ def concurrency(max_concurrency: int | None, max_concurrent_reads: int | None) -
 
 
 class _TemporalFacts:
+    """What both readers answer from the opened version alone, without a read."""
+
     opened: Any
 
     @property
@@ -263,6 +265,9 @@ async def aread_window(
     fields: Sequence[str] | None,
     bound: int | None,
 ) -> dict[str, Any]:
+    """One window on the running loop, for the storage's ``aread_window`` and the async
+    reader alike: copied out of a mapped block when it lies in one (in a worker thread
+    when large), else read by the window program under ``bound`` requests in flight."""
     record, start, frames = opened.index.check_arguments(record, start, frames)
     selection = opened.selection(fields)
     if not selection.outputs:
