@@ -842,7 +842,7 @@ def test_async_local_windows_come_from_mapped_blocks_inline_or_in_a_thread(
 
     chosen = random_windows(10, seed=12)
     inline = asyncio.run(windows())
-    monkeypatch.setattr("rangestream.storage.temporal.storage.INLINE_READ_BYTES", 0)  # threads
+    monkeypatch.setattr("rangestream.storage.temporal.readers.INLINE_READ_BYTES", 0)  # threads
     threaded = asyncio.run(windows())
     for (record, start, frames), first, second in zip(chosen, inline, threaded, strict=True):
         assert_window(first, EXPECTED[record], start, frames, ["pose", "features"])

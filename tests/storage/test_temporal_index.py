@@ -1,6 +1,6 @@
 """The temporal record index read by range: opening reads only the root, a record's entry
-costs one request the first time, the cache stays within its budget, ``frame_counts`` is
-lazy, and the cumulative index maps global frames to records like a numpy ground truth.
+costs one request the first time, the cache stays within its budget, damaged entries are
+refused by name, and ten million records cost a worker its cache, not its records.
 Requests, bytes and memory are exact counts (tracemalloc), never timings."""
 
 from __future__ import annotations
@@ -14,31 +14,19 @@ from typing import Any
 import numpy as np
 import pytest
 from support.s3 import Location
-from support.temporal import expected_window, write_bulk
+from support.temporal import (
+    ALL,
+    COUNTS,
+    PER_CHUNK,
+    expected_window,
+    small_cache,
+    window_truth,
+    write_bulk,
+)
 
 from rangestream import TemporalArrayStorage
-from rangestream.errors import CorruptDataError, MetadataError, OutOfRangeError
+from rangestream.errors import CorruptDataError
 from rangestream.layout.block import ArrayLayout, encode_block
-
-# Records of 1..40 frames in three shards; 8 KiB index chunks hold 512 records.
-RNG = np.random.default_rng(21)
-COUNTS = [RNG.integers(1, 41, size=n) for n in (1500, 700, 2100)]
-ALL = np.concatenate(COUNTS)
-PER_CHUNK = 512
-
-
-def shard_of(record: int) -> tuple[int, int]:
-    """(shard, first frame of the record in its shard) of a global record number."""
-    bounds = np.cumsum([0, *(len(c) for c in COUNTS)])
-    shard = int(np.searchsorted(bounds, record, side="right")) - 1
-    local = record - int(bounds[shard])
-    return shard, int(COUNTS[shard][:local].sum())
-
-
-def window_truth(record: int, start: int, frames: int) -> np.ndarray:
-    _shard, offset = shard_of(record)
-    first = offset + start
-    return (np.arange(first, first + frames) % 251).astype(np.uint8)
 
 
 @pytest.fixture(scope="module")
@@ -46,11 +34,6 @@ def bulk(tmp_path_factory: pytest.TempPathFactory) -> str:
     path = str(tmp_path_factory.mktemp("bulk") / "ds")
     write_bulk(path, COUNTS)
     return path
-
-
-def small_cache(url: str, **options: Any) -> TemporalArrayStorage:
-    """A storage whose index cache holds two inner chunks (1,024 records) of 4,300."""
-    return TemporalArrayStorage(url, index_cache_bytes=2 * PER_CHUNK * 24, **options)
 
 
 def test_opening_reads_only_the_root_document(bulk: str) -> None:
@@ -105,73 +88,6 @@ def test_random_windows_equal_numpy_and_the_cache_stays_within_its_budget(
     assert len(opened.index.chunks) <= 2
     assert opened.index.cached_nbytes <= 2 * PER_CHUNK * 24
     assert index_requests > 50  # most windows were cold: the cache did not grow
-
-
-def test_frame_counts_is_a_lazy_array_like_equal_to_numpy(bulk: str) -> None:
-    storage = small_cache(bulk)
-    counts = storage.frame_counts
-    assert len(counts) == len(ALL) and counts.dtype == np.int64 and counts.shape == (len(ALL),)
-    assert storage.stats.requests == 1  # nothing but the root so far
-    assert counts[1234] == ALL[1234] and counts[-1] == ALL[-1]
-    assert storage.stats.by_key_kind["record_rows"] == 2  # their two index chunks
-    assert np.array_equal(counts[100:1900], ALL[100:1900])
-    picks = np.asarray([4000, 3, 1025, 3, 2999])
-    assert np.array_equal(counts[picks], ALL[picks])
-    assert np.array_equal(np.asarray(counts), ALL)
-    assert counts.tolist() == ALL.tolist()
-    assert list(counts) == ALL.tolist()
-    with pytest.raises(OutOfRangeError):
-        counts[len(ALL)]
-
-
-def test_locate_frames_maps_global_frames_like_a_numpy_searchsorted(bulk: str) -> None:
-    storage = small_cache(bulk)
-    starts = np.concatenate([[0], np.cumsum(ALL)])
-    assert storage.total_frames == int(starts[-1])
-    rng = np.random.default_rng(23)
-    positions = np.concatenate(
-        [rng.integers(0, int(starts[-1]), size=500), starts[:-1][:50], starts[1:] - 1]
-    )
-    records, within = storage.locate_frames(positions)
-    want = np.searchsorted(starts, positions, side="right") - 1
-    assert np.array_equal(records, want)
-    assert np.array_equal(within, positions - starts[want])
-    with pytest.raises(OutOfRangeError, match="outside the dataset's"):
-        storage.locate_frames([int(starts[-1])])
-
-
-def test_the_histogram_counts_records_and_windows_of_any_length(bulk: str) -> None:
-    storage = small_cache(bulk)
-    values, records = storage.frame_histogram()
-    want_values, want_records = np.unique(ALL, return_counts=True)
-    assert np.array_equal(values, want_values) and np.array_equal(records, want_records)
-    for frames in (1, 7, 40, 41):
-        eligible = ALL[frames <= ALL]
-        assert storage.count_windows(frames) == (eligible.size, int((eligible - frames + 1).sum()))
-    # the histogram and the cumulative index are read once: a few requests, no record_rows
-    assert "record_rows" not in storage.stats.by_key_kind
-
-
-def test_uniform_window_sampling_by_rejection_reads_no_whole_index(bulk: str) -> None:
-    """What a sampler does over 10^8 records, here over 4,300: draw global frames, keep
-    those whose window fits in its record. Every valid (record, start) pair is drawn with
-    equal probability; the bytes read are those of the chunks touched, not of the index."""
-    storage = small_cache(bulk)
-    frames = 20
-    rng = np.random.default_rng(24)
-    positions = rng.integers(0, storage.total_frames, size=4000)
-    records, starts = storage.locate_frames(positions)
-    fits = starts + frames <= ALL[records]
-    records, starts = records[fits], starts[fits]
-    assert (ALL[records] >= frames).all()
-    _, windows = storage.count_windows(frames)
-    assert fits.mean() == pytest.approx(windows / storage.total_frames, abs=0.03)
-    # a record's chance is proportional to its windows (checked on the long records)
-    long = np.flatnonzero(ALL >= 35)
-    draws = np.bincount(records, minlength=len(ALL))[long].sum()
-    share = (ALL[long] - frames + 1).sum() / windows
-    assert draws / len(records) == pytest.approx(share, rel=0.15)
-    assert storage.stats.bytes_by_key_kind.get("record_rows", 0) <= 2 * (PER_CHUNK * 16 + 4) * 9
 
 
 def test_a_damaged_index_chunk_fails_the_windows_that_need_it_by_name(tmp_path: Path) -> None:
@@ -292,68 +208,3 @@ def test_ten_million_records_sample_windows_from_the_cumulative_index_by_range(
     assert chunks * stored <= read <= chunks * stored + (chunks - spent["record_rows"]) * 65536
     assert held <= 16 * 1024 * 1024
     assert storage.count_windows(3) == (SCALE_RECORDS // 3, SCALE_RECORDS // 3)
-
-
-def _index_array(root: Path, name: str) -> tuple[Path, Any]:
-    attributes = json.loads((root / "zarr.json").read_text())["attributes"]["rangestream"]
-    schema_key = {"frame_starts": "frame_starts", "frame_histogram": "frame_histogram"}[name]
-    layout = ArrayLayout.from_json(attributes["schema"][schema_key], name)
-    return root / attributes["data_prefix"] / "index" / name, layout
-
-
-def test_a_cumulative_index_that_disagrees_with_the_records_is_refused(tmp_path: Path) -> None:
-    write_bulk(str(tmp_path / "ds"), COUNTS)
-    folder, layout = _index_array(tmp_path / "ds", "frame_starts")
-    starts = [*np.concatenate([[0], np.cumsum(ALL)])[::PER_CHUNK].tolist(), int(ALL.sum())]
-    starts[3] += 1  # chunk 2 claims one frame more, chunk 3 one less
-    (folder / "c" / "0").write_bytes(encode_block(layout, np.asarray(starts, "<i8").view("u1")))
-    storage = TemporalArrayStorage(tmp_path / "ds")
-    with pytest.raises(CorruptDataError, match=r"frame_starts says records \[1024, 1536\)"):
-        storage.locate_frames([int(starts[2]) + 5])
-    starts[3] = starts[1] - 1  # not cumulative
-    (folder / "c" / "0").write_bytes(encode_block(layout, np.asarray(starts, "<i8").view("u1")))
-    with pytest.raises(CorruptDataError, match="not cumulative"):
-        TemporalArrayStorage(tmp_path / "ds").locate_frames([0])
-
-
-def test_a_histogram_that_does_not_count_every_record_is_refused(tmp_path: Path) -> None:
-    write_bulk(str(tmp_path / "ds"), COUNTS)
-    folder, layout = _index_array(tmp_path / "ds", "frame_histogram")
-    values, numbers = np.unique(ALL, return_counts=True)
-    numbers[0] += 1
-    pairs = np.stack([values, numbers], axis=1).astype("<i8")
-    (folder / "c" / "0" / "0").write_bytes(encode_block(layout, pairs.view("u1")))
-    with pytest.raises(CorruptDataError, match="summing to 4300 records"):
-        TemporalArrayStorage(tmp_path / "ds").count_windows(3)
-    document = json.loads((folder / "zarr.json").read_text())
-    document["shape"][0] = 10**12  # a hostile length: refused before any allocation
-    (folder / "zarr.json").write_text(json.dumps(document))
-    with pytest.raises(MetadataError, match=r"length 1000000000000 is not in \[0, 4300\]"):
-        TemporalArrayStorage(tmp_path / "ds").frame_histogram()
-
-
-def test_an_append_rewrites_the_cumulative_index_and_histogram_of_every_record(
-    tmp_path: Path,
-) -> None:
-    """An append adds shards without copying the old ones; the record index, cumulative
-    index and histogram of the new version cover the old records and the appended ones."""
-    from support.temporal import BulkTemporalStorage
-
-    url = str(tmp_path / "ds")
-    write_bulk(url, COUNTS[:2])
-    with BulkTemporalStorage(url).sync_writer(mode="append") as writer:
-        writer.append(0, {"counts": COUNTS[2]})
-    storage = small_cache(url)
-    starts = np.concatenate([[0], np.cumsum(ALL)])
-    assert len(storage) == len(ALL) and storage.total_frames == int(starts[-1])
-    values, records = storage.frame_histogram()
-    want_values, want_records = np.unique(ALL, return_counts=True)
-    assert np.array_equal(values, want_values) and np.array_equal(records, want_records)
-    positions = np.random.default_rng(27).integers(0, int(starts[-1]), size=300)
-    found, within = storage.locate_frames(positions)
-    want = np.searchsorted(starts, positions, side="right") - 1
-    assert np.array_equal(found, want) and np.array_equal(within, positions - starts[want])
-    record = len(ALL) - 5  # an appended record: its shard's frames start at 0
-    got = storage.read_window(record, 0, int(ALL[record]))
-    first = int(COUNTS[2][: record - 2200].sum())
-    assert np.array_equal(got["x"], (np.arange(first, first + ALL[record]) % 251).astype(np.uint8))

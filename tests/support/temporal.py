@@ -65,3 +65,31 @@ def expected_window(counts: np.ndarray, record: int, start: int, frames: int) ->
     """The bytes ``write_bulk`` stored for a window of ``record`` of a one-shard dataset."""
     first = int(counts[:record].sum()) + start
     return (np.arange(first, first + frames, dtype=np.int64) % 251).astype(np.uint8)
+
+
+#: The record index tests' dataset (``test_temporal_index.py``, ``..._frame_index.py``,
+#: ``..._frame_counts.py``): records of 1..40 frames in three shards; 8 KiB index chunks
+#: hold 512 records.
+_RNG = np.random.default_rng(21)
+COUNTS = [_RNG.integers(1, 41, size=n) for n in (1500, 700, 2100)]
+ALL = np.concatenate(COUNTS)
+PER_CHUNK = 512
+
+
+def shard_of(record: int) -> tuple[int, int]:
+    """(shard, first frame of the record in its shard) of a global record number."""
+    bounds = np.cumsum([0, *(len(c) for c in COUNTS)])
+    shard = int(np.searchsorted(bounds, record, side="right")) - 1
+    local = record - int(bounds[shard])
+    return shard, int(COUNTS[shard][:local].sum())
+
+
+def window_truth(record: int, start: int, frames: int) -> np.ndarray:
+    _shard, offset = shard_of(record)
+    first = offset + start
+    return (np.arange(first, first + frames) % 251).astype(np.uint8)
+
+
+def small_cache(url: str, **options: Any) -> TemporalArrayStorage:
+    """A storage whose index cache holds two inner chunks (1,024 records) of 4,300."""
+    return TemporalArrayStorage(url, index_cache_bytes=2 * PER_CHUNK * 24, **options)

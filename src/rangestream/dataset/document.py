@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rangestream.dataset.indexing import positions
-from rangestream.io.stats import IOStats
+from rangestream.dataset.readers import AsyncDatasetReader, DatasetReader
 
 
 class DocumentDataset:
@@ -57,26 +57,10 @@ class DocumentDataset:
         return AsyncDocumentReader(self)
 
 
-class DocumentReader:
+class DocumentReader(DatasetReader):
     """``reader[i]``, ``reader[a:b]``, ``reader.read_many(indexes)``."""
 
-    def __init__(self, dataset: DocumentDataset) -> None:
-        self.dataset = dataset
-        self.storage_reader = dataset.storage.sync_reader()
-
-    @property
-    def stats(self) -> IOStats:
-        return self.storage_reader.stats
-
-    def __enter__(self) -> DocumentReader:
-        self.storage_reader.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self.storage_reader.close()
+    dataset: DocumentDataset
 
     def __len__(self) -> int:
         return len(self.storage_reader)
@@ -91,26 +75,10 @@ class DocumentReader:
         return self.storage_reader.read_many(list(indexes), self.dataset.keys)
 
 
-class AsyncDocumentReader:
+class AsyncDocumentReader(AsyncDatasetReader):
     """``await reader[i]``, ``await reader.read_many(indexes)``."""
 
-    def __init__(self, dataset: DocumentDataset) -> None:
-        self.dataset = dataset
-        self.storage_reader = dataset.storage.async_reader()
-
-    @property
-    def stats(self) -> IOStats:
-        return self.storage_reader.stats
-
-    async def __aenter__(self) -> AsyncDocumentReader:
-        await self.storage_reader.__aenter__()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        await self.storage_reader.aclose()
+    dataset: DocumentDataset
 
     def __len__(self) -> int:
         return len(self.storage_reader)

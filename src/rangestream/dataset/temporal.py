@@ -24,8 +24,8 @@ import numpy as np
 import numpy.typing as npt
 
 from rangestream.dataset.indexing import positions
+from rangestream.dataset.readers import AsyncDatasetReader, DatasetReader
 from rangestream.errors import OutOfRangeError
-from rangestream.io.stats import IOStats
 
 __all__ = [
     "AsyncTemporalRecordReader",
@@ -197,30 +197,20 @@ class TemporalRecords:
 _ITERATION_RECORDS = 64
 
 
-class TemporalRecordReader:
-    """``reader[i]``, ``reader[a:b]``, ``reader.read_many(indexes)``: whole records."""
+class _RecordCount:
+    """``len(reader)``: the dataset's records, without opening through another reader."""
 
-    def __init__(self, dataset: TemporalRecords) -> None:
-        self.dataset = dataset
-        self.storage_reader = dataset.storage.sync_reader()
-
-    @property
-    def stats(self) -> IOStats:
-        return self.storage_reader.stats  # type: ignore[no-any-return]
-
-    def __enter__(self) -> TemporalRecordReader:
-        self.storage_reader.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self.storage_reader.close()
+    dataset: TemporalRecords
+    storage_reader: Any
 
     def __len__(self) -> int:
+        """Records of the dataset (the reader's own count of the storage, if it holds all)."""
         records = self.dataset.records
         return len(self.storage_reader) if records is None else len(records)
+
+
+class TemporalRecordReader(_RecordCount, DatasetReader):
+    """``reader[i]``, ``reader[a:b]``, ``reader.read_many(indexes)``: whole records."""
 
     def __getitem__(self, key: int | slice) -> Any:
         indexes, many = positions(key, len(self))
@@ -237,31 +227,8 @@ class TemporalRecordReader:
         )
 
 
-class AsyncTemporalRecordReader:
+class AsyncTemporalRecordReader(_RecordCount, AsyncDatasetReader):
     """``await reader[i]``, ``await reader.read_many(indexes)``: whole records."""
-
-    def __init__(self, dataset: TemporalRecords) -> None:
-        self.dataset = dataset
-        self.storage_reader = dataset.storage.async_reader()
-
-    @property
-    def stats(self) -> IOStats:
-        return self.storage_reader.stats  # type: ignore[no-any-return]
-
-    async def __aenter__(self) -> AsyncTemporalRecordReader:
-        await self.storage_reader.__aenter__()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        await self.storage_reader.aclose()
-
-    def __len__(self) -> int:
-        """Records of the dataset (the async reader is open: its own count, no sync open)."""
-        records = self.dataset.records
-        return len(self.storage_reader) if records is None else len(records)
 
     async def _get(self, key: int | slice) -> Any:
         indexes, many = positions(key, len(self))

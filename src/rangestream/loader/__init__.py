@@ -34,7 +34,8 @@ from rangestream.loader.storage_kinds import (
     registered_kinds,
     storage_kind,
 )
-from rangestream.loader.temporal import TemporalWindowSource, WindowSampler
+from rangestream.loader.temporal import TemporalWindowSource
+from rangestream.loader.window_sampler import WindowSampler
 
 __all__ = [
     "DEFAULT_PREFETCH",

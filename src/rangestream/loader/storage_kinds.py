@@ -160,6 +160,17 @@ def _stream_builder(kind: str) -> SourceBuilder:
     return build
 
 
+def _shuffle_of_many_sizes(options: SourceOptions, sizes: str) -> str | bool:
+    """The shuffle of a source whose samples have many sizes (documents, whole records):
+    by sample unless told otherwise; ``"block"`` shuffles windows of one size only."""
+    if options.shuffle == "block":
+        raise LoaderConfigError(
+            f"{sizes}; shuffle='block' needs windows of one size: use "
+            "shuffle='window' (the default) or False"
+        )
+    return "window" if options.shuffle is None else options.shuffle
+
+
 def _document_builder(storage: Any, options: SourceOptions) -> SampleSource:
     _reject(
         "document",
@@ -169,14 +180,9 @@ def _document_builder(storage: Any, options: SourceOptions) -> SampleSource:
         fields=options.fields,
         samples_per_epoch=options.samples_per_epoch,
     )
-    if options.shuffle == "block":
-        raise LoaderConfigError(
-            "'document' storage has documents of many sizes; shuffle='block' needs windows "
-            "of one size: use shuffle='window' (the default) or False"
-        )
+    shuffle = _shuffle_of_many_sizes(options, "'document' storage has documents of many sizes")
     from rangestream.dataset import DocumentDataset
 
-    shuffle = "window" if options.shuffle is None else options.shuffle
     return _indexed(DocumentDataset(storage), options, shuffle)
 
 
@@ -218,14 +224,9 @@ def _temporal_records_builder(records: Any, options: SourceOptions) -> SampleSou
         run_windows=options.run_windows,
         buffer_runs=options.buffer_runs,
     )
-    if options.shuffle == "block":
-        raise LoaderConfigError(
-            "whole temporal records have many sizes; shuffle='block' needs windows of one "
-            "size: use shuffle='window' (the default) or False"
-        )
+    shuffle = _shuffle_of_many_sizes(options, "whole temporal records have many sizes")
     if options.fields is not None:
         records = records.with_fields(options.fields)
-    shuffle = "window" if options.shuffle is None else options.shuffle
     return _indexed(records, options, shuffle)
 
 

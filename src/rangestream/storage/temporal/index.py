@@ -15,33 +15,36 @@ entry is read with the inner chunk of ``record_rows`` that holds it (``K`` recor
 range request) the first time a window needs it, checked as untrusted input and kept in a
 cache bounded in bytes. While the whole index fits in the cache, the first read takes all
 of it in one request instead, so small datasets read their index once, as before.
+
+This module reads, checks and caches the entries; the questions asked of frames rather
+than records (counts of many records, the cumulative index, the histogram) are
+``storage.temporal.frame_index``'s, answered from these entries.
 """
 
 from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from rangestream.arguments import integer
-from rangestream.errors import CorruptDataError, MetadataError, OutOfRangeError, WindowError
+from rangestream.errors import CorruptDataError, OutOfRangeError, WindowError
 from rangestream.layout.executors import Program
 from rangestream.layout.manifest import Manifest
 from rangestream.layout.pieces import RowRead, StoredArray
+from rangestream.storage.temporal.frame_index import FrameIndex
 from rangestream.storage.temporal.schema import RECORD_ROWS, TemporalSchema
 
-__all__ = ["DEFAULT_INDEX_CACHE_BYTES", "FrameCounts", "RecordIndex"]
+__all__ = ["DEFAULT_INDEX_CACHE_BYTES", "RecordIndex"]
 
 _INT64 = np.dtype("<i8")
 #: Bytes of record entries a process keeps (24 per record: first row, frames, shard part).
 #: 4 MiB holds 174,762 records; past that, entries are read by range on demand.
 DEFAULT_INDEX_CACHE_BYTES = 4 * 1024 * 1024
 ENTRY_NBYTES = 24
-#: Records read per request when a caller asks for many at once (``frame_counts[:]``).
-_BULK_RECORDS = 1 << 20
 
 
 class RecordIndex:
@@ -107,18 +110,16 @@ class RecordIndex:
             )
         self.rows = rows
         self.chunk_rows = rows.layout.chunk_rows if rows is not None else 1
-        self.frame_starts_array = frame_starts
-        self._histogram_array = histogram
         self.cache_bytes = cache_bytes
-        self._max_chunks = max(1, cache_bytes // (self.chunk_rows * ENTRY_NBYTES))
-        self.whole_fits = -(-self.count // self.chunk_rows) <= self._max_chunks
+        #: Inner chunks of entries the cache holds.
+        self.max_chunks = max(1, cache_bytes // (self.chunk_rows * ENTRY_NBYTES))
+        self.whole_fits = -(-self.count // self.chunk_rows) <= self.max_chunks
         #: Inner chunk number of ``record_rows`` -> its records' entries ``(n, 3)`` int64
         #: ``[first_row, frames, part]``, read only; oldest first (evicted first).
         self.chunks: dict[int, np.ndarray] = {}
         self._lock = threading.Lock()
-        self._frame_starts: np.ndarray | None = None
-        self._whole_counts: tuple[np.ndarray, np.ndarray] | None = None
-        self._histogram: tuple[np.ndarray, np.ndarray] | None = None
+        #: The questions of frames: counts, the cumulative index, the histogram.
+        self.frames = FrameIndex(self, frame_starts, histogram)
 
     def __len__(self) -> int:
         return self.count
@@ -212,7 +213,7 @@ class RecordIndex:
             spans = [(0, self.count)]
         else:
             spans = [(c * per_chunk, min(self.count, (c + 1) * per_chunk)) for c in missing]
-        read = yield from self._read_spans(spans)
+        read = yield from self.read_spans(spans)
         loaded: dict[int, np.ndarray] = {}
         for (low, _high), entry in zip(spans, read, strict=True):
             for offset in range(0, len(entry), per_chunk):
@@ -229,13 +230,13 @@ class RecordIndex:
         order = [c for c in loaded if c not in wanted] + [c for c in first if c in loaded]
         with self._lock:
             chunks = self.chunks
-            for chunk in order[-self._max_chunks :]:
+            for chunk in order[-self.max_chunks :]:
                 chunks.pop(chunk, None)
                 chunks[chunk] = loaded[chunk]
-            while len(chunks) > self._max_chunks:
+            while len(chunks) > self.max_chunks:
                 del chunks[next(iter(chunks))]
 
-    def _read_spans(self, spans: Sequence[tuple[int, int]]) -> Program[list[np.ndarray]]:
+    def read_spans(self, spans: Sequence[tuple[int, int]]) -> Program[list[np.ndarray]]:
         """Entries of records ``[low, high)`` for each span, read in one step and checked."""
         assert self.rows is not None
         reads = [RowRead.whole(self.rows, low, high) for low, high in spans]
@@ -310,284 +311,3 @@ class RecordIndex:
                 f"{int(ends[bad - 1])} where the record before it ends"
             )
         return parts
-
-    # -- frame counts without caching ---------------------------------------------------
-    def counts(self, low: int, high: int) -> Program[np.ndarray]:
-        """Frames of records ``[low, high)``, read in bounded pieces; cached only while the
-        whole index fits in the cache (then it is read whole, once)."""
-        if self.whole_fits and high > low:
-            per_chunk = self.chunk_rows
-            found = yield from self.load(range(low // per_chunk, (high - 1) // per_chunk + 1))
-            entries = np.concatenate([found[c] for c in sorted(found)])
-            base = (low // per_chunk) * per_chunk
-            return entries[low - base : high - base, 1].copy()
-        out = np.empty(max(0, high - low), dtype=np.int64)
-        position = low
-        while position < high:
-            end = min(high, position + _BULK_RECORDS)
-            first = position // self.chunk_rows
-            last = (end - 1) // self.chunk_rows
-            cached = [self.chunks.get(chunk) for chunk in range(first, last + 1)]
-            if all(entry is not None for entry in cached):
-                entries = np.concatenate(cached)  # type: ignore[arg-type]
-                base = first * self.chunk_rows
-                out[position - low : end - low] = entries[position - base : end - base, 1]
-            else:
-                (entries,) = yield from self._read_spans([(position, end)])
-                out[position - low : end - low] = entries[:, 1]
-            position = end
-        return out
-
-    def counts_of(self, records: np.ndarray) -> Program[np.ndarray]:
-        """Frames of the records in ``records`` (any order, checked in range)."""
-        if records.size and (int(records.min()) < 0 or int(records.max()) >= self.count):
-            bad = records[(records < 0) | (records >= self.count)][0]
-            raise OutOfRangeError(
-                f"record {int(bad)} is outside the dataset's {self.count} records [0, {self.count})"
-            )
-        whole = yield from self._whole()
-        if whole is not None:
-            return whole[0][records]
-        per_chunk = self.chunk_rows
-        chunk_of = records // per_chunk
-        chunks, inverse = np.unique(chunk_of, return_inverse=True)
-        inverse = inverse.reshape(records.shape)
-        within = records - chunk_of * per_chunk
-        out = np.empty(records.shape, dtype=np.int64)
-        listed = chunks.tolist()
-        for start in range(0, len(listed), self._max_chunks):
-            batch = listed[start : start + self._max_chunks]
-            found = yield from self.load(batch)
-            # one gather over the batch's chunks laid end to end
-            columns = [found[chunk][:, 1] for chunk in batch]
-            bases = np.zeros(len(batch), dtype=np.int64)
-            bases[1:] = np.cumsum([len(column) for column in columns[:-1]])
-            column = np.concatenate(columns)
-            if len(batch) == len(listed):
-                out[...] = column[bases[inverse] + within]
-            else:
-                mine = (inverse >= start) & (inverse < start + len(batch))
-                out[mine] = column[bases[inverse[mine] - start] + within[mine]]
-        return out
-
-    def _whole(self) -> Program[tuple[np.ndarray, np.ndarray] | None]:
-        """Every record's frame count and cumulative end, while the whole index fits in
-        the cache (read once, in one request, and checked against ``frame_starts``); else
-        ``None``: a draw then reads the chunks it touches."""
-        if not self.whole_fits or not self.count:
-            return None
-        whole = self._whole_counts
-        if whole is None:
-            starts = yield from self.frame_starts()
-            found = yield from self.load(range(-(-self.count // self.chunk_rows)))
-            counts = np.concatenate([found[chunk][:, 1] for chunk in sorted(found)])
-            ends = np.cumsum(counts)
-            per_chunk = self.chunk_rows
-            want = np.concatenate([[0], ends[per_chunk - 1 :: per_chunk], ends[-1:]])
-            if len(want) > len(starts):  # the last chunk is full: its end is listed twice
-                want = want[:-1]
-            if not np.array_equal(want, starts):
-                chunk = int(np.flatnonzero(want != starts)[0]) - 1
-                low, high = chunk * per_chunk, min(self.count, (chunk + 1) * per_chunk)
-                raise CorruptDataError(
-                    f"{self.where}: index/frame_starts says records [{low}, {high}) hold "
-                    f"{int(starts[chunk + 1] - starts[chunk])} frames, record_rows "
-                    f"{int(want[chunk + 1] - want[chunk])}"
-                )
-            counts.flags.writeable = False
-            ends.flags.writeable = False
-            whole = self._whole_counts = (counts, ends)
-        return whole
-
-    # -- the cumulative index: frames to records ---------------------------------------------
-    def frame_starts(self) -> Program[np.ndarray]:
-        """``frame_starts[k]``: the global frame at which record ``k * chunk_rows`` starts;
-        the last entry is the total. Read once (8 bytes per ``chunk_rows`` records) and kept.
-        """
-        starts = self._frame_starts
-        if starts is not None:
-            return starts
-        entries = -(-self.count // self.chunk_rows) + 1
-        array = self.frame_starts_array
-        if array is None:  # written before the cumulative index: rebuilt from record_rows
-            starts = np.zeros(entries, dtype=np.int64)
-            for low in range(0, self.count, _BULK_RECORDS):
-                high = min(self.count, low + _BULK_RECORDS)
-                counts = yield from self.counts(low, high)
-                sums = np.add.reduceat(counts, np.arange(0, len(counts), self.chunk_rows))
-                first = low // self.chunk_rows
-                starts[first + 1 : first + 1 + len(sums)] = sums
-            starts = np.cumsum(starts)
-        else:
-            if array.length != entries:
-                raise MetadataError(
-                    f"{self.where}: index/frame_starts has {array.length} entries, "
-                    f"{entries} expected for {self.count} records"
-                )
-            read = RowRead.whole(array, 0, entries)
-            yield [read]
-            starts = read.target.reshape(-1).view(_INT64).copy()
-            if starts[0] != 0 or bool((np.diff(starts) < 0).any()):
-                raise CorruptDataError(f"{self.where}: index/frame_starts is not cumulative")
-        starts.flags.writeable = False
-        self._frame_starts = starts
-        return starts
-
-    def locate_frames(self, positions: np.ndarray) -> Program[tuple[np.ndarray, np.ndarray]]:
-        """``(records, starts)``: the record holding each global frame number, and the
-        frame's number within it. Global frames number every record's frames in turn."""
-        starts = yield from self.frame_starts()
-        total = int(starts[-1])
-        positions = np.asarray(positions, dtype=np.int64)
-        if positions.size and (int(positions.min()) < 0 or int(positions.max()) >= total):
-            bad = positions[(positions < 0) | (positions >= total)][0]
-            raise OutOfRangeError(
-                f"frame {int(bad)} is outside the dataset's {total} frames [0, {total})"
-            )
-        flat = positions.reshape(-1)
-        whole = yield from self._whole()
-        if whole is not None:
-            counts, ends = whole
-            found = np.searchsorted(ends, flat, side="right")
-            within = flat - (ends[found] - counts[found])
-            return found.reshape(positions.shape), within.reshape(positions.shape)
-        chunk_of = np.searchsorted(starts, flat, side="right") - 1
-        records = np.empty(flat.shape, dtype=np.int64)
-        within = np.empty(flat.shape, dtype=np.int64)
-        chunks = np.unique(chunk_of).tolist()
-        per_chunk = self.chunk_rows
-        for start in range(0, len(chunks), self._max_chunks):
-            batch = chunks[start : start + self._max_chunks]
-            found = yield from self.load(batch)
-            for chunk in batch:
-                counts = found[chunk][:, 1]
-                ends = int(starts[chunk]) + np.cumsum(counts)
-                if int(ends[-1]) != int(starts[chunk + 1]):
-                    raise CorruptDataError(
-                        f"{self.where}: index/frame_starts says records "
-                        f"[{chunk * per_chunk}, {chunk * per_chunk + len(counts)}) hold "
-                        f"{int(starts[chunk + 1] - starts[chunk])} frames, record_rows "
-                        f"{int(ends[-1] - starts[chunk])}"
-                    )
-                mask = chunk_of == chunk
-                row = np.searchsorted(ends, flat[mask], side="right")
-                records[mask] = chunk * per_chunk + row
-                within[mask] = flat[mask] - (ends[row] - counts[row])
-        return records.reshape(positions.shape), within.reshape(positions.shape)
-
-    def histogram(self) -> Program[tuple[np.ndarray, np.ndarray]]:
-        """``(frames, records)``: every distinct frame count, ascending, and how many
-        records have it. Read once and kept."""
-        found = self._histogram
-        if found is not None:
-            return found
-        if self._histogram_array is None:  # written before the histogram: rebuilt
-            values: dict[int, int] = {}
-            for low in range(0, self.count, _BULK_RECORDS):
-                counts = yield from self.counts(low, min(self.count, low + _BULK_RECORDS))
-                for value, number in zip(*np.unique(counts, return_counts=True), strict=True):
-                    values[int(value)] = values.get(int(value), 0) + int(number)
-            keys = sorted(values)
-            frames = np.asarray(keys, dtype=np.int64)
-            records = np.asarray([values[k] for k in keys], dtype=np.int64)
-        else:
-            array = yield from self._histogram_array()
-            read = RowRead.whole(array, 0, array.length)
-            if array.length:
-                yield [read]
-                pairs = read.target.reshape(-1).view(_INT64).reshape(-1, 2)
-            else:
-                pairs = np.empty((0, 2), dtype=np.int64)
-            frames, records = pairs[:, 0].copy(), pairs[:, 1].copy()
-            if (
-                (len(frames) and int(frames[0]) < 1)
-                or bool((np.diff(frames) <= 0).any())
-                or bool((records < 1).any())
-                or int(records.sum()) != self.count
-            ):
-                raise CorruptDataError(
-                    f"{self.where}: index/frame_histogram is not ascending distinct frame "
-                    f"counts with positive record counts summing to {self.count} records"
-                )
-        frames.flags.writeable = False
-        records.flags.writeable = False
-        self._histogram = (frames, records)
-        return self._histogram
-
-
-class FrameCounts:
-    """Every record's frame count, as a lazy read-only ``int64`` array-like.
-
-    ``counts[i]``, ``counts[a:b]``, ``counts[array]``, ``len``, iteration and
-    ``np.asarray(counts)`` read the record index by range as they need it: nothing of the
-    dataset's size is read until asked for. Reading all of it (``np.asarray``,
-    ``tolist``, iteration to the end) costs 16 bytes per record read.
-    """
-
-    dtype = np.dtype(np.int64)
-    ndim = 1
-
-    def __init__(self, index: RecordIndex, run: Callable[[Program[Any]], Any]) -> None:
-        self._index = index
-        self._run = run
-
-    def __repr__(self) -> str:
-        return f"FrameCounts({self._index.count} records)"
-
-    def __len__(self) -> int:
-        return self._index.count
-
-    @property
-    def shape(self) -> tuple[int]:
-        return (self._index.count,)
-
-    @property
-    def size(self) -> int:
-        return self._index.count
-
-    def __getitem__(self, key: Any) -> Any:
-        index = self._index
-        if isinstance(key, slice):
-            low, high, step = key.indices(index.count)
-            if step == 1:
-                return self._frozen(self._run(index.counts(low, max(low, high))))
-            return self[np.arange(low, high, step, dtype=np.int64)]
-        if isinstance(key, (list, tuple, np.ndarray)):
-            records = np.asarray(key)
-            if records.dtype == np.bool_:
-                if records.shape != (index.count,):
-                    raise IndexError(
-                        f"boolean index of shape {records.shape} does not match "
-                        f"{index.count} records"
-                    )
-                records = np.flatnonzero(records)
-            elif records.dtype.kind not in "iu":
-                raise TypeError(f"records must be integers, got dtype {records.dtype}")
-            records = records.astype(np.int64)
-            records = np.where(records < 0, records + index.count, records)
-            return self._frozen(self._run(index.counts_of(records)))
-        record = index.check_record(key)
-        ((_first, frames, _part),) = self._run(index.entries([record]))
-        return frames
-
-    @staticmethod
-    def _frozen(array: np.ndarray) -> np.ndarray:
-        array.flags.writeable = False
-        return array
-
-    def __iter__(self) -> Iterator[int]:
-        for low in range(0, self._index.count, _BULK_RECORDS):
-            high = min(self._index.count, low + _BULK_RECORDS)
-            yield from self._run(self._index.counts(low, high)).tolist()
-
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        counts = self[:]
-        return counts if dtype is None else counts.astype(dtype, copy=False)
-
-    def tolist(self) -> list[int]:
-        return self[:].tolist()  # type: ignore[no-any-return]
-
-    def __eq__(self, other: object) -> Any:
-        return np.asarray(self) == other
-
-    __hash__ = None  # type: ignore[assignment]

@@ -16,9 +16,7 @@ opened version of the process, shared by any number of threads and event loops.
 
 from __future__ import annotations
 
-import asyncio
 import copy
-import json
 import os
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -26,36 +24,33 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from rangestream.arguments import integer, positive_integer
-from rangestream.errors import MetadataError, OutOfRangeError, SchemaMismatchError
-from rangestream.io.local import INLINE_READ_BYTES
+from rangestream.arguments import positive_integer
+from rangestream.errors import SchemaMismatchError
 from rangestream.io.range_reader import RangeReader
-from rangestream.io.ranges import ObjectRequest
 from rangestream.io.stats import IOStats
 from rangestream.io.store import ObjectStore
 from rangestream.layout.block import ArrayLayout
 from rangestream.layout.executors import Program
-from rangestream.layout.manifest import ROOT_KEY, Manifest, data_prefix
-from rangestream.layout.pieces import StoredArray
+from rangestream.layout.manifest import ROOT_KEY, Manifest
 from rangestream.storage.base import Storage
 from rangestream.storage.options import LayoutOptions
-from rangestream.storage.readers import AsyncReader, SyncReader
-from rangestream.storage.temporal.index import (
-    DEFAULT_INDEX_CACHE_BYTES,
-    FrameCounts,
-    RecordIndex,
-)
+from rangestream.storage.temporal.frame_counts import FrameCounts
+from rangestream.storage.temporal.index import DEFAULT_INDEX_CACHE_BYTES, RecordIndex
 from rangestream.storage.temporal.read import OpenedTemporal
+from rangestream.storage.temporal.readers import (
+    AsyncTemporalReader,
+    TemporalReader,
+    aread_window,
+    concurrency,
+)
 from rangestream.storage.temporal.schema import (
     RECORD_ROWS,
     TemporalSchema,
     normalize_field_groups,
 )
+from rangestream.storage.temporal.stored import open_record_index, stored_schema
 from rangestream.storage.temporal.write import (
     DEFAULT_WINDOW_FRAMES,
-    FRAME_STARTS_ARRAY,
-    HISTOGRAM_ARRAY,
-    INDEX_ARRAY,
     IndexLayouts,
     TemporalShardEncoder,
     group_layouts,
@@ -82,35 +77,6 @@ DEFAULT_TEMPORAL_BLOCK_BYTES = 16 * 1024 * 1024
 #: over-fetched by hundreds of frames around a short window.
 DEFAULT_CHUNK_FRAMES = 32
 _INDEX_CHUNK_BYTES = 8 * 1024
-
-
-_MAX_ARRAY_JSON_BYTES = 64 * 1024
-#: ``StoredArray.ident`` of the index arrays (group arrays count from 1).
-_INDEX_IDENT = 1 << 20
-
-
-def _array_length(raw: bytes, where: str, most: int) -> int:
-    """The length (first extent) of a Zarr array from its ``zarr.json``, at most ``most``."""
-    try:
-        shape = json.loads(raw)["shape"]
-        length = shape[0]
-    except (ValueError, KeyError, TypeError, IndexError, RecursionError) as error:
-        raise MetadataError(f"{where} is not a Zarr array document: {error}") from error
-    if type(length) is not int or not 0 <= length <= most:
-        raise MetadataError(f"{where}: length {length!r} is not in [0, {most}]")
-    return length
-
-
-def _concurrency(max_concurrency: int | None, max_concurrent_reads: int | None) -> int | None:
-    """One bound from the two names callers use (``max_concurrent_reads`` is LitData's)."""
-    if max_concurrency is not None and max_concurrent_reads is not None:
-        raise TypeError("give max_concurrency or max_concurrent_reads, not both")
-    value = max_concurrency if max_concurrency is not None else max_concurrent_reads
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"max_concurrent_reads must be an integer >= 1, got {value!r}")
-    return value
 
 
 class TemporalArrayStorage(Storage):
@@ -255,86 +221,12 @@ class TemporalArrayStorage(Storage):
         )
 
     # -- schema and index (opening) ---------------------------------------------------------
-    def _stored_schema(
-        self, manifest: Manifest, where: str
-    ) -> tuple[TemporalSchema, ArrayLayout, ArrayLayout | None, ArrayLayout | None]:
-        stored = manifest.schema
-        schema = TemporalSchema.from_json(stored, where)
-        index_layout = ArrayLayout.from_json(stored.get("index"), f"{where} index layout")
-        if index_layout.dtype != _INT64 or index_layout.row_shape != (2,):
-            raise MetadataError(f"{where}: the record index must be int64 rows of shape (2,)")
-        # the cumulative index and the histogram: absent from datasets written before them
-        starts_layout = histogram_layout = None
-        if "frame_starts" in stored:
-            starts_layout = ArrayLayout.from_json(stored["frame_starts"], f"{where} frame_starts")
-            if starts_layout.dtype != _INT64 or starts_layout.row_shape != ():
-                raise MetadataError(f"{where}: index/frame_starts must be int64 values")
-        if "frame_histogram" in stored:
-            histogram_layout = ArrayLayout.from_json(
-                stored["frame_histogram"], f"{where} frame_histogram"
-            )
-            if histogram_layout.dtype != _INT64 or histogram_layout.row_shape != (2,):
-                raise MetadataError(
-                    f"{where}: index/frame_histogram must be int64 rows of shape (2,)"
-                )
-        expected = {RECORD_ROWS, *(group.array for group in schema.groups)}
-        if set(manifest.arrays) != expected:
-            raise MetadataError(
-                f"{where}: arrays {sorted(manifest.arrays)} do not match the schema's "
-                f"{sorted(expected)}"
-            )
-        shard_layout = manifest.arrays[RECORD_ROWS]
-        if shard_layout.dtype != _INT64 or shard_layout.row_shape != (2,):
-            raise MetadataError(f"{where}: {RECORD_ROWS} must be int64 rows of shape (2,)")
-        for group in schema.groups:
-            layout = manifest.arrays[group.array]
-            if layout.dtype != group.row_dtype or layout.row_shape != group.row_shape:
-                raise MetadataError(
-                    f"{where}: array {group.array!r} is stored as {layout.dtype} rows of shape "
-                    f"{layout.row_shape}, its fields need {group.row_dtype} {group.row_shape}"
-                )
-        wanted = {frozenset(group) for group in self.field_groups if len(group) > 1}
-        if self.field_groups and schema.fields and wanted != schema.interleaved_groups:
-            stored_groups = sorted(sorted(group) for group in schema.interleaved_groups)
-            raise SchemaMismatchError(
-                f"{self.url} stores field groups {stored_groups}, but field_groups="
-                f"{[list(group) for group in self.field_groups]} was given; changing the "
-                "grouping means rewriting (omit field_groups to read the stored layout)"
-            )
-        return schema, index_layout, starts_layout, histogram_layout
-
     def _check_schema(self, manifest: Manifest) -> None:
-        self._stored_schema(manifest, f"{self.url}/{ROOT_KEY}")
+        stored_schema(manifest, f"{self.url}/{ROOT_KEY}", self.url, self.field_groups)
 
     def _open_index(self, manifest: Manifest) -> Program[RecordIndex]:
         """The record index, read by range later: opening reads nothing past the root."""
-        where = f"{self.url}/{ROOT_KEY}"
-        schema, index_layout, starts_layout, histogram_layout = self._stored_schema(manifest, where)
-        total = int(manifest.lengths[RECORD_ROWS].sum())
-        prefix = data_prefix(manifest.commit_id)
-        # idents apart from the group arrays' (``OpenedStorage.array`` counts from 1): mapped
-        # blocks are found by ident
-        rows = StoredArray(
-            f"{prefix}/{INDEX_ARRAY}", index_layout, total, "record_rows", _INDEX_IDENT
-        )
-        starts = None
-        if starts_layout is not None:
-            entries = -(-total // index_layout.chunk_rows) + 1
-            starts = StoredArray(f"{prefix}/{FRAME_STARTS_ARRAY}", starts_layout, entries,
-                                 "frame_starts", _INDEX_IDENT + 1)  # fmt: skip
-        histogram = None
-        if histogram_layout is not None:
-            key = f"{prefix}/{HISTOGRAM_ARRAY}"
-
-            def histogram() -> Program[StoredArray]:
-                # its length is the number of distinct frame counts: in its Zarr metadata
-                (raw,) = yield [ObjectRequest(f"{key}/zarr.json", _MAX_ARRAY_JSON_BYTES)]
-                length = _array_length(bytes(raw), f"{where}: {key}/zarr.json", total)
-                return StoredArray(
-                    key, histogram_layout, length, "frame_histogram", _INDEX_IDENT + 2
-                )
-
-        return RecordIndex(manifest, schema, rows, starts, histogram, where, self.index_cache_bytes)
+        return open_record_index(manifest, self.url, self.field_groups, self.index_cache_bytes)
         yield  # a program: it reads nothing
 
     # -- readers ------------------------------------------------------------------------------
@@ -449,9 +341,9 @@ class TemporalArrayStorage(Storage):
         large one in a worker thread).
         """
         opened = await self._default_opening.get_async()
-        return await _aread_window(
+        return await aread_window(
             opened, record, start, frames, fields,
-            _concurrency(max_concurrency, max_concurrent_reads),
+            concurrency(max_concurrency, max_concurrent_reads),
         )  # fmt: skip
 
     @property
@@ -478,244 +370,3 @@ class TemporalArrayStorage(Storage):
 
     def async_reader(self) -> AsyncTemporalReader:
         return AsyncTemporalReader(self)
-
-
-class _TemporalFacts:
-    opened: Any
-
-    @property
-    def frame_counts(self) -> FrameCounts:
-        return self.opened.frame_counts  # type: ignore[no-any-return]
-
-    @property
-    def fields(self) -> list[str]:
-        return self.opened.schema.field_names  # type: ignore[no-any-return]
-
-    def __len__(self) -> int:
-        return len(self.opened.index)
-
-
-#: Records read per step when iterating whole records.
-_ITERATION_RECORDS = 64
-
-
-class TemporalReader(_TemporalFacts, SyncReader):
-    """Sync windows and records of a temporal storage."""
-
-    def __getitem__(self, record: int) -> dict[str, Any]:
-        """The whole record: every field, all frames (negative indexes count from the end)."""
-        opened = self.opened
-        record = opened.index.check_record(record)
-        (result,) = opened.run_sync(opened.records([record], opened.selection(None)))
-        return result  # type: ignore[no-any-return]
-
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        count = len(self)
-        for low in range(0, count, _ITERATION_RECORDS):
-            yield from self.read_records(range(low, min(count, low + _ITERATION_RECORDS)))
-
-    def read_records(
-        self, records: Sequence[int], fields: Sequence[str] | None = None
-    ) -> list[dict[str, Any]]:
-        """Whole records (negative indexes count from the end), read together: their index
-        entries in one round if any is missing, then one round of coalesced ranges."""
-        opened = self.opened
-        checked = [opened.index.check_record(record) for record in records]
-        selection = opened.selection(fields)
-        if not checked:
-            return []
-        return opened.run_sync(opened.records(checked, selection))  # type: ignore[no-any-return]
-
-    @property
-    def total_frames(self) -> int:
-        """Frames of all records together."""
-        opened = self.opened
-        return int(opened.run_sync(opened.index.frame_starts())[-1])
-
-    def locate_frames(self, positions: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
-        """The record holding each global frame number, and the frame's number within it.
-
-        Global frames number the frames of record 0, then record 1, and so on
-        (``[0, total_frames)``). This is what a sampler needs to draw windows uniformly
-        over all frames of a dataset of any size: it reads the cumulative index
-        (``index/frame_starts``, 8 bytes per inner chunk of the record index) once, then
-        the record index chunk holding each position (cached), never every record.
-
-        Returns
-        -------
-        records, starts : numpy.ndarray
-            ``int64`` arrays shaped like ``positions``.
-        """
-        opened = self.opened
-        return opened.run_sync(opened.index.locate_frames(np.asarray(positions)))  # type: ignore[no-any-return]
-
-    def frame_histogram(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(frames, records)``: every distinct frame count, ascending, and how many
-        records have it, read once from ``index/frame_histogram``."""
-        opened = self.opened
-        return opened.run_sync(opened.index.histogram())  # type: ignore[no-any-return]
-
-    def count_windows(self, frames: int) -> tuple[int, int]:
-        """``(records, windows)``: records with at least ``frames`` frames, and distinct
-        ``(record, start)`` windows of ``frames`` frames, from the histogram."""
-        return _count_windows(self.frame_histogram(), frames)
-
-    @property
-    def index_in_memory(self) -> bool:
-        """Whether the whole record index fits in the index cache (``index_cache_bytes``):
-        read once, then every index question is answered from memory."""
-        return bool(self.opened.index.whole_fits)
-
-    def frame_counts_of(self, records: npt.ArrayLike) -> np.ndarray:
-        """Frames of the records ``records`` (an integer array, any order): the index
-        chunks holding them are read (and cached) as for windows, nothing else."""
-        opened = self.opened
-        return opened.run_sync(opened.index.counts_of(_record_array(records)))  # type: ignore[no-any-return]
-
-    def frame_counts_between(self, low: int, high: int) -> np.ndarray:
-        """Frames of records ``[low, high)``, read in bounded pieces (16 bytes a record)."""
-        opened = self.opened
-        low, high = _record_span(low, high, len(opened.index))
-        return opened.run_sync(opened.index.counts(low, high))  # type: ignore[no-any-return]
-
-    def read_window(
-        self,
-        record: int,
-        start: int,
-        frames: int,
-        fields: Sequence[str] | None = None,
-        *,
-        max_concurrency: int | None = None,
-        max_concurrent_reads: int | None = None,
-    ) -> dict[str, Any]:
-        """See ``TemporalArrayStorage.read_window``."""
-        opened = self._opening.opened.value or self._opening.get_sync()
-        if max_concurrency is None and max_concurrent_reads is None:
-            window = opened.window_in_block(record, start, frames, fields)
-            if window is not None:
-                return window  # type: ignore[no-any-return]
-            bound = None
-        else:
-            bound = _concurrency(max_concurrency, max_concurrent_reads)
-        record, start, frames = opened.index.check_arguments(record, start, frames)
-        selection = opened.selection(fields)
-        if not selection.outputs:
-            return {}
-        program = opened.window(record, start, frames, selection)
-        return opened.run_sync(program, max_concurrency=bound)  # type: ignore[no-any-return]
-
-
-class AsyncTemporalReader(_TemporalFacts, AsyncReader):
-    """Async windows and records of a temporal storage."""
-
-    async def read_window(
-        self,
-        record: int,
-        start: int,
-        frames: int,
-        fields: Sequence[str] | None = None,
-        *,
-        max_concurrency: int | None = None,
-        max_concurrent_reads: int | None = None,
-    ) -> dict[str, Any]:
-        opened = await self._opened()
-        return await _aread_window(
-            opened, record, start, frames, fields,
-            _concurrency(max_concurrency, max_concurrent_reads),
-        )  # fmt: skip
-
-    async def read_records(
-        self,
-        records: Sequence[int],
-        fields: Sequence[str] | None = None,
-        *,
-        max_concurrency: int | None = None,
-    ) -> list[dict[str, Any]]:
-        """``TemporalReader.read_records`` on the running loop."""
-        opened = await self._opened()
-        checked = [opened.index.check_record(record) for record in records]
-        selection = opened.selection(fields)
-        if not checked:
-            return []
-        return await opened.run(  # type: ignore[no-any-return]
-            opened.records(checked, selection), max_concurrency=max_concurrency
-        )
-
-    async def get(self, record: int) -> dict[str, Any]:
-        """The whole record (``await reader.get(i)``)."""
-        (result,) = await self.read_records([record])
-        return result
-
-    # -- the record index, as the sync reader's (see ``TemporalReader``) ---------------------
-    async def frame_histogram(self) -> tuple[np.ndarray, np.ndarray]:
-        """``TemporalReader.frame_histogram`` on the running loop."""
-        opened = await self._opened()
-        return await opened.run(opened.index.histogram())  # type: ignore[no-any-return]
-
-    async def count_windows(self, frames: int) -> tuple[int, int]:
-        """``TemporalReader.count_windows`` on the running loop."""
-        return _count_windows(await self.frame_histogram(), frames)
-
-    async def locate_frames(self, positions: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
-        """``TemporalReader.locate_frames`` on the running loop."""
-        opened = await self._opened()
-        return await opened.run(opened.index.locate_frames(np.asarray(positions)))  # type: ignore[no-any-return]
-
-    async def frame_counts_of(self, records: npt.ArrayLike) -> np.ndarray:
-        """``TemporalReader.frame_counts_of`` on the running loop."""
-        opened = await self._opened()
-        return await opened.run(opened.index.counts_of(_record_array(records)))  # type: ignore[no-any-return]
-
-    async def frame_counts_between(self, low: int, high: int) -> np.ndarray:
-        """``TemporalReader.frame_counts_between`` on the running loop."""
-        opened = await self._opened()
-        low, high = _record_span(low, high, len(opened.index))
-        return await opened.run(opened.index.counts(low, high))  # type: ignore[no-any-return]
-
-
-def _count_windows(histogram: tuple[np.ndarray, np.ndarray], frames: int) -> tuple[int, int]:
-    frames = positive_integer(frames, "frames")
-    values, records = histogram
-    eligible = values >= frames
-    return int(records[eligible].sum()), int(
-        (records[eligible] * (values[eligible] - frames + 1)).sum()
-    )
-
-
-def _record_array(records: npt.ArrayLike) -> np.ndarray:
-    array = np.asarray(records)
-    if array.size and array.dtype.kind not in "iu":
-        raise TypeError(f"records must be integers, got dtype {array.dtype}")
-    return array.astype(np.int64).reshape(-1)
-
-
-def _record_span(low: int, high: int, count: int) -> tuple[int, int]:
-    low, high = integer(low, "low"), integer(high, "high")
-    if not 0 <= low <= high <= count:
-        raise OutOfRangeError(f"records [{low}, {high}) are not within the dataset's {count}")
-    return low, high
-
-
-async def _aread_window(
-    opened: Any,
-    record: Any,
-    start: Any,
-    frames: Any,
-    fields: Sequence[str] | None,
-    bound: int | None,
-) -> dict[str, Any]:
-    record, start, frames = opened.index.check_arguments(record, start, frames)
-    selection = opened.selection(fields)
-    if not selection.outputs:
-        return {}
-    if opened.mapped is not None:
-        nbytes = frames * sum(output.nbytes for output in selection.outputs)
-        if nbytes <= INLINE_READ_BYTES:
-            window = opened.window_in_block(record, start, frames, fields)
-        else:  # a copy of this size would stall the loop: in a thread
-            window = await asyncio.to_thread(opened.window_in_block, record, start, frames, fields)
-        if window is not None:
-            return window  # type: ignore[no-any-return]
-    return await opened.run(  # type: ignore[no-any-return]
-        opened.window(record, start, frames, selection), max_concurrency=bound
-    )
