@@ -1,6 +1,7 @@
 """mode="append": new shards as a new version; the old shards are read where they were written.
 
-(``storage/writing.py``'s append sessions, with ``layout/manifest.py``'s ``inherited``.)
+(``storage/appending.py``'s append checks and ``storage/commit.py``'s append commits,
+with ``layout/manifest.py``'s ``inherited``.)
 """
 
 from __future__ import annotations

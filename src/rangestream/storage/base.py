@@ -25,14 +25,14 @@ from rangestream.io.store import ObjectStore, is_local_url, open_store
 from rangestream.layout.block import ArrayLayout
 from rangestream.layout.dtypes import little_endian
 from rangestream.layout.manifest import ROOT_KEY, Manifest
+from rangestream.storage.appending import appending_storage
 from rangestream.storage.options import LayoutOptions, split_options
+from rangestream.storage.root import read_committed
 from rangestream.storage.writing import (
     CommittingWriter,
     ShardEncoder,
     WriteSession,
-    appending_storage,
     new_session,
-    read_committed,
     write_mode,
 )
 

@@ -30,7 +30,8 @@ from rangestream.io.retry import RetryPolicy
 from rangestream.io.retrying_store import RetryingStore
 from rangestream.io.store import ObjectStore, open_store
 from rangestream.layout.manifest import MAX_ROOT_BYTES, ROOT_KEY, data_prefix, parse_root
-from rangestream.storage.writing import library_errors, retried, unwrapped
+from rangestream.storage.root import retried, unwrapped
+from rangestream.storage.store_errors import library_errors
 
 __all__ = [
     "DEFAULT_GRACE_SECONDS",

@@ -28,7 +28,7 @@ from rangestream.layout.manifest import (
     shard_prefix,
 )
 from rangestream.storage.gc import find_orphans
-from rangestream.storage.writing import library_errors
+from rangestream.storage.store_errors import library_errors
 
 __all__ = ["DatasetSummary", "summarize_dataset"]
 

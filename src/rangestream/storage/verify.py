@@ -51,9 +51,9 @@ from rangestream.layout.manifest import (
 )
 from rangestream.layout.pieces import RowRead, StoredArray
 from rangestream.storage.gc import find_orphans
+from rangestream.storage.store_errors import library_errors
 from rangestream.storage.verify_blocks import Block, OffsetCheck, offset_checks, scan_blocks
 from rangestream.storage.verify_report import Problem, VerifyReport
-from rangestream.storage.writing import library_errors
 
 __all__ = ["Problem", "VerifyReport", "averify_dataset", "verify_dataset"]
 
