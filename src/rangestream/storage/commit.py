@@ -20,13 +20,8 @@ import numpy as np
 from rangestream.errors import CommitError, DatasetExistsError, MetadataError
 from rangestream.io.store import ObjectStore
 from rangestream.layout.block import ArrayLayout, encode_block
-from rangestream.layout.manifest import (
-    MAX_ROOT_BYTES,
-    ROOT_KEY,
-    SHARD_TABLE,
-    Manifest,
-    data_prefix,
-)
+from rangestream.layout.manifest import MAX_ROOT_BYTES, ROOT_KEY, Manifest, data_prefix
+from rangestream.layout.shard_table import SHARD_TABLE
 from rangestream.layout.zarr_json import array_document, dumps, group_document
 from rangestream.storage.appending import check_appendable, extended
 from rangestream.storage.root import completed, parse_bounded_root, publish_root, read_root

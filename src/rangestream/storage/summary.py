@@ -24,9 +24,9 @@ from rangestream.layout.manifest import (
     ROOT_KEY,
     Manifest,
     data_prefix,
-    parse_root,
     shard_prefix,
 )
+from rangestream.layout.manifest_parsing import parse_root
 from rangestream.storage.gc import find_orphans
 from rangestream.storage.store_errors import library_errors
 
