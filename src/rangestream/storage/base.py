@@ -213,6 +213,17 @@ class Storage(abc.ABC):
     def _array_attributes(self, name: str) -> dict[str, Any]:
         return {}
 
+    def _writing_format(self) -> Any:
+        """The ``storage_format`` of a kind that takes one, which writing cannot do without
+        (reading can: it takes the format the dataset records)."""
+        storage_format = getattr(self, "storage_format", None)
+        if storage_format is None:
+            raise TypeError(
+                f"{type(self).__name__}({self.url!r}) was made without a format: it reads "
+                "what the dataset records, but writing needs the storage_format"
+            )
+        return storage_format
+
     def _schema(self) -> dict[str, Any]:
         return {}
 

@@ -26,7 +26,7 @@ from rangestream.layout.manifest import ROOT_KEY, Manifest
 from rangestream.storage.base import Storage
 from rangestream.storage.document_reads import OpenedDocuments
 from rangestream.storage.options import LayoutOptions
-from rangestream.storage.readers import AsyncReader, SyncReader
+from rangestream.storage.readers import AsyncReader, StorageFacts, SyncReader
 from rangestream.storage.writing import ShardEncoder
 from rangestream.types import DocumentStorageFormat
 
@@ -142,14 +142,6 @@ class DocumentStorage(Storage):
             _check_document_format(storage_format)
         self.storage_format = storage_format
 
-    def _writing_format(self) -> Any:
-        if self.storage_format is None:
-            raise TypeError(
-                f"DocumentStorage({self.url!r}) was made without a format: it reads what the "
-                "dataset records, but writing needs the storage_format"
-            )
-        return self.storage_format
-
     def _array_layouts(self) -> dict[str, ArrayLayout]:
         return {
             "payload_heap": self._layout(_UINT8),
@@ -208,18 +200,8 @@ class DocumentStorage(Storage):
         return _DocumentShardEncoder(self._writing_format())
 
 
-class _DocumentFacts:
-    opened: Any
-
-    @property
-    def format(self) -> Any:
-        """The format documents decode with: the one given, or the one the dataset records."""
-        return self.opened.format
-
-    @property
-    def num_shards(self) -> int:
-        """One more than the highest shard id written (unwritten shards hold nothing)."""
-        return int(self.opened.num_shards)
+class _DocumentFacts(StorageFacts):
+    """What both readers of a document storage say about it."""
 
     def num_records(self, shard: int | None = None) -> int:
         """Documents (one per ``append``) in ``shard``, or in all shards (``None``): the

@@ -31,7 +31,7 @@ from rangestream.layout.dtypes import (
 )
 from rangestream.layout.manifest import ROOT_KEY, Manifest
 from rangestream.storage.base import Storage
-from rangestream.storage.readers import AsyncReader, SyncReader
+from rangestream.storage.readers import AsyncReader, StorageFacts, SyncReader
 from rangestream.storage.stream_windows import OpenedStream
 from rangestream.storage.writing import ShardEncoder
 from rangestream.types import StreamStorageFormat
@@ -134,14 +134,6 @@ class StreamStorage(Storage):
             return np.dtype(self.storage_format.stream_dtype)
         return self._default_opening.get_sync().dtype  # type: ignore[attr-defined, no-any-return]
 
-    def _writing_format(self) -> Any:
-        if self.storage_format is None:
-            raise TypeError(
-                f"{type(self).__name__}({self.url!r}) was made without a format: it reads "
-                "what the dataset records, but writing needs the storage_format"
-            )
-        return self.storage_format
-
     def _array_layouts(self) -> dict[str, ArrayLayout]:
         return {
             "stream": self._layout(self._writing_format().stream_dtype),
@@ -203,20 +195,8 @@ class StreamStorage(Storage):
         return _StreamShardEncoder(self._writing_format())
 
 
-class _StreamFacts:
+class _StreamFacts(StorageFacts):
     """What both readers of a stream say about it."""
-
-    opened: Any
-
-    @property
-    def format(self) -> Any:
-        """The format windows decode with: the one given, or the one the dataset records."""
-        return self.opened.format
-
-    @property
-    def num_shards(self) -> int:
-        """One more than the highest shard id written (unwritten shards hold nothing)."""
-        return int(self.opened.num_shards)
 
     def num_elements(self, shard: int | None = None) -> int:
         """Elements in ``shard``, or in all shards (``None``)."""
