@@ -970,9 +970,9 @@ def documents_with_io(samples: list[Any]) -> tuple[list[bytes], int, Any]:
 def test_persistent_workers_read_the_shard_table_and_offsets_once_then_only_documents(
     location: Location, shuffle: str | bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rangestream.layout import manifest
+    from rangestream.layout import shard_table
 
-    monkeypatch.setattr(manifest, "INLINE_SHARDS", 4)  # the shards are in index/shards
+    monkeypatch.setattr(shard_table, "INLINE_SHARDS", 4)  # the shards are in index/shards
     documents = [bytes([i]) * (20 + i) for i in range(96)]
     storage = DocumentStorage(location.url, RawDocuments(),
                               storage_options=location.storage_options)  # fmt: skip

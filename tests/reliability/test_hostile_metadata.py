@@ -42,7 +42,7 @@ from rangestream.io.store import check_key
 from rangestream.layout.block import ArrayLayout, encode_block, parse_block_index
 from rangestream.layout.checksums import check_span, crc32c
 from rangestream.layout.dtypes import dtype_from_json
-from rangestream.layout.manifest import parse_root
+from rangestream.layout.manifest_parsing import parse_root
 from rangestream.layout.pieces import indexed_spans
 from rangestream.storage.verify import verify_dataset
 from testkit import S3Endpoint

@@ -1,6 +1,7 @@
 """mode="append": new shards as a new version; the old shards are read where they were written.
 
-(``storage/writing.py``'s append sessions, with ``layout/manifest.py``'s ``inherited``.)
+(``storage/appending.py``'s append checks and ``storage/commit.py``'s append commits,
+with ``layout/manifest.py``'s ``inherited``.)
 """
 
 from __future__ import annotations
@@ -246,9 +247,9 @@ def test_verify_scans_the_inherited_shards_where_they_lie(tmp_path: Path) -> Non
 def test_an_append_past_the_listed_shards_keeps_its_inherited_shards_with_the_table(
     location: Location, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rangestream.layout import manifest as manifest_module
+    from rangestream.layout import shard_table
 
-    monkeypatch.setattr(manifest_module, "INLINE_SHARDS", 3)  # a table from 4 shards on
+    monkeypatch.setattr(shard_table, "INLINE_SHARDS", 3)  # a table from 4 shards on
     values = [np.arange(k * 50, (k + 1) * 50, dtype="<i4") for k in range(6)]
     write(storage_at(location), {k: [values[k]] for k in range(4)})
     first = root(location)

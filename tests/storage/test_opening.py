@@ -23,7 +23,7 @@ from support.s3 import Location, S3Location
 from rangestream import DocumentStorage, StreamDataset, StreamNumpyFormat, StreamStorage
 from rangestream.errors import DatasetNotFoundError
 from rangestream.io.stats import IOStats
-from rangestream.layout.manifest import INLINE_SHARDS, shard_table_layout
+from rangestream.layout.shard_table import INLINE_SHARDS, shard_table_layout
 
 TOKENS = np.dtype([("t", "<i4")])
 

@@ -30,7 +30,8 @@ from rangestream.errors import (
 from rangestream.io.process import run_blocking
 from rangestream.layout.manifest import Manifest, data_prefix
 from rangestream.storage.base import Storage
-from rangestream.storage.writing import WriteSession, read_committed, write_mode
+from rangestream.storage.root import read_committed
+from rangestream.storage.writing import WriteSession, write_mode
 
 __all__ = ["SESSION_KEY", "Resumable", "begin", "finish", "part_id"]
 

@@ -25,14 +25,14 @@ from rangestream.io.store import ObjectStore, is_local_url, open_store
 from rangestream.layout.block import ArrayLayout
 from rangestream.layout.dtypes import little_endian
 from rangestream.layout.manifest import ROOT_KEY, Manifest
+from rangestream.storage.appending import appending_storage
 from rangestream.storage.options import LayoutOptions, split_options
+from rangestream.storage.root import read_committed
 from rangestream.storage.writing import (
     CommittingWriter,
     ShardEncoder,
     WriteSession,
-    appending_storage,
     new_session,
-    read_committed,
     write_mode,
 )
 
@@ -212,6 +212,17 @@ class Storage(abc.ABC):
 
     def _array_attributes(self, name: str) -> dict[str, Any]:
         return {}
+
+    def _writing_format(self) -> Any:
+        """The ``storage_format`` of a kind that takes one, which writing cannot do without
+        (reading can: it takes the format the dataset records)."""
+        storage_format = getattr(self, "storage_format", None)
+        if storage_format is None:
+            raise TypeError(
+                f"{type(self).__name__}({self.url!r}) was made without a format: it reads "
+                "what the dataset records, but writing needs the storage_format"
+            )
+        return storage_format
 
     def _schema(self) -> dict[str, Any]:
         return {}

@@ -29,8 +29,10 @@ from rangestream.io.process import run_blocking
 from rangestream.io.retry import RetryPolicy
 from rangestream.io.retrying_store import RetryingStore
 from rangestream.io.store import ObjectStore, open_store
-from rangestream.layout.manifest import MAX_ROOT_BYTES, ROOT_KEY, data_prefix, parse_root
-from rangestream.storage.writing import library_errors, retried, unwrapped
+from rangestream.layout.manifest import MAX_ROOT_BYTES, ROOT_KEY, data_prefix
+from rangestream.layout.manifest_parsing import parse_root
+from rangestream.storage.root import retried, unwrapped
+from rangestream.storage.store_errors import library_errors
 
 __all__ = [
     "DEFAULT_GRACE_SECONDS",

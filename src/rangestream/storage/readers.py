@@ -17,19 +17,39 @@ from rangestream.storage.opening import OpenedStorage, Opening
 if TYPE_CHECKING:
     from rangestream.storage.base import Storage
 
-__all__ = ["AsyncReader", "SyncReader"]
+__all__ = ["AsyncReader", "StorageFacts", "SyncReader"]
 
 T = TypeVar("T")
 R = TypeVar("R", bound="SyncReader")
 A = TypeVar("A", bound="AsyncReader")
 
 
-class SyncReader:
-    """Context-managed sync reader: opens on ``__enter__`` (or first use), closes on exit."""
+class StorageFacts:
+    """What both readers of every kind say the same way about the version they read."""
+
+    opened: Any
+
+    @property
+    def format(self) -> Any:
+        """The format records decode with: the one given, or the one the dataset records."""
+        return self.opened.format
+
+    @property
+    def num_shards(self) -> int:
+        """One more than the highest shard id written (unwritten shards hold nothing)."""
+        return int(self.opened.num_shards)
+
+
+class _Face:
+    """What a sync and an async reader share: the storage, and the opening they read."""
 
     def __init__(self, storage: Storage, opening: Opening | None = None) -> None:
         self.storage = storage
         self._opening = Opening(storage) if opening is None else opening
+
+
+class SyncReader(_Face):
+    """Context-managed sync reader: opens on ``__enter__`` (or first use), closes on exit."""
 
     @property
     def opened(self) -> Any:
@@ -68,12 +88,8 @@ class SyncReader:
         self._opening.release_sync()
 
 
-class AsyncReader:
+class AsyncReader(_Face):
     """Context-managed async reader; its reads run on the loop that awaits them."""
-
-    def __init__(self, storage: Storage, opening: Opening | None = None) -> None:
-        self.storage = storage
-        self._opening = Opening(storage) if opening is None else opening
 
     @property
     def opened(self) -> Any:

@@ -51,11 +51,10 @@ from rangestream.layout.manifest import Manifest
 from rangestream.layout.pieces import RowRead
 from rangestream.storage.stream import (
     AsyncStreamStorageReader,
-    OpenedStream,
     StreamStorage,
     StreamStorageReader,
-    _no_window,
 )
+from rangestream.storage.stream_windows import OpenedStream, no_window
 from rangestream.storage.stream_with_meta_records import MetaShardEncoder
 from rangestream.storage.writing import ShardEncoder
 from rangestream.types import StreamWithMetaStorageFormat
@@ -113,7 +112,7 @@ class OpenedStreamWithMeta(OpenedStream):
         self.run_chunks = ArrayCache(storage.run_cache_bytes)
 
     def window_reader(self, length: int, stride: int) -> Callable[[int], Any]:
-        return _no_window  # a window needs its payloads too: always the program
+        return no_window  # a window needs its payloads too: always the program
 
     def _where(self, shard: int, name: str) -> str:
         return self.describe(self.manifest.array_key(shard, name))

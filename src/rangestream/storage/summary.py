@@ -24,11 +24,11 @@ from rangestream.layout.manifest import (
     ROOT_KEY,
     Manifest,
     data_prefix,
-    parse_root,
     shard_prefix,
 )
+from rangestream.layout.manifest_parsing import parse_root
 from rangestream.storage.gc import find_orphans
-from rangestream.storage.writing import library_errors
+from rangestream.storage.store_errors import library_errors
 
 __all__ = ["DatasetSummary", "summarize_dataset"]
 

@@ -41,19 +41,14 @@ from rangestream.io.retry import RetryPolicy
 from rangestream.io.store import ObjectStore, open_store
 from rangestream.layout.block import ArrayLayout
 from rangestream.layout.executors import RemoteExecutor
-from rangestream.layout.manifest import (
-    MAX_ROOT_BYTES,
-    ROOT_KEY,
-    Manifest,
-    data_prefix,
-    parse_root,
-    read_shard_table,
-)
+from rangestream.layout.manifest import MAX_ROOT_BYTES, ROOT_KEY, Manifest, data_prefix
+from rangestream.layout.manifest_parsing import parse_root
 from rangestream.layout.pieces import RowRead, StoredArray
+from rangestream.layout.shard_table import read_shard_table
 from rangestream.storage.gc import find_orphans
+from rangestream.storage.store_errors import library_errors
 from rangestream.storage.verify_blocks import Block, OffsetCheck, offset_checks, scan_blocks
 from rangestream.storage.verify_report import Problem, VerifyReport
-from rangestream.storage.writing import library_errors
 
 __all__ = ["Problem", "VerifyReport", "averify_dataset", "verify_dataset"]
 

@@ -1,0 +1,206 @@
+"""The commit of a write session: gather the parts, write the index, publish the root.
+
+The commit gathers the parts the session's writers left, checks they do not overlap,
+writes the index, and writes the root ``zarr.json`` last: that single atomic put
+(``root.publish_root``) is what makes the version exist. A session that fails or is
+abandoned leaves the previous commit (or nothing) visible.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import json
+from collections.abc import Coroutine, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import numpy as np
+
+from rangestream.errors import CommitError, DatasetExistsError, MetadataError
+from rangestream.io.store import ObjectStore
+from rangestream.layout.block import ArrayLayout, encode_block
+from rangestream.layout.manifest import MAX_ROOT_BYTES, ROOT_KEY, Manifest, data_prefix
+from rangestream.layout.shard_table import SHARD_TABLE
+from rangestream.layout.zarr_json import array_document, dumps, group_document
+from rangestream.storage.appending import check_appendable, extended
+from rangestream.storage.root import completed, parse_bounded_root, publish_root, read_root
+from rangestream.storage.store_errors import library_errors
+
+if TYPE_CHECKING:
+    from rangestream.storage.writing import WriteSession
+
+T = TypeVar("T")
+
+#: Objects the commit reads or writes at once (parts, index and group documents).
+COMMIT_CONCURRENCY = 64
+
+
+async def commit_session(session: WriteSession) -> Manifest:
+    """Publish what the closed writers of ``session`` wrote (``WriteSession.commit``)."""
+    storage = session.storage
+    store = storage._new_write_store()
+    try:
+        old_root, version = await read_root(store)
+        exists, previous = old_root is not None, None
+        if old_root is not None:
+            with contextlib.suppress(MetadataError):  # unreadable: replaced, not chained
+                previous = parse_bounded_root(old_root, store.describe(ROOT_KEY))
+        base = session._appended(previous)
+        if base is not None:
+            base = await completed(store, base)
+        if exists and not session.overwrite and base is None:
+            raise DatasetExistsError(
+                f"{storage.url} already holds a committed dataset; "
+                "pass overwrite=True to replace it, or mode='append' to add shards"
+            )
+        part_keys = sorted(
+            key for key in await store.list(f"{session.prefix}/parts") if key.endswith(".json")
+        )
+        raws = await _bounded([store.get_range(key, 0, MAX_ROOT_BYTES + 1) for key in part_keys])
+        owners: dict[int, str] = {}
+        shard_lengths: dict[int, dict[str, int]] = {}
+        for key, raw in zip(part_keys, raws, strict=True):
+            part, schema = _parse_part(raw, store.describe(key))
+            if schema is not None:
+                storage = storage._bind_schema(schema, store.describe(key))
+            for shard, lengths in part.items():
+                if shard in owners:
+                    raise CommitError(
+                        f"shard {shard} was written by two writers ({owners[shard]} and "
+                        f"{key}); each shard must have exactly one writer"
+                    )
+                owners[shard] = key
+                shard_lengths[shard] = lengths
+        if base is not None:
+            storage = storage._bind_schema(base.schema, store.describe(ROOT_KEY))
+        layouts = storage._array_layouts()
+        ids = np.asarray(sorted(shard_lengths), dtype=np.int64)
+        lengths = {
+            name: np.asarray([shard_lengths[int(s)][name] for s in ids], dtype=np.int64)
+            for name in layouts
+        }
+        inherited: dict[str, list[int]] = {}
+        if base is not None:
+            check_appendable(storage, base)
+            ids, lengths, inherited = extended(base, ids, lengths)
+        # when, for people (inspect); readers order versions by the chain, not by time
+        extra: dict[str, Any] = {"committed_at": _utc_now()}
+        if previous is not None:
+            extra["previous_commit_id"] = previous.commit_id
+            if previous.inherited:  # kept for its readers too (gc, the next commit)
+                extra["previous_inherited"] = list(previous.inherited)
+        schema = storage._committed_schema()
+        manifest = Manifest(
+            storage.kind, session.commit_id, schema, layouts, ids, lengths, extra, inherited
+        )
+        groups = (
+            "data/zarr.json",
+            f"{session.prefix}/zarr.json",
+            f"{session.prefix}/shards/zarr.json",
+        )
+        await _bounded(
+            [
+                *(store.put(key, dumps(group_document())) for key in groups),
+                *_index_puts(store, session.prefix, manifest),
+                storage._write_derived_index(store, manifest),
+            ]
+        )
+        with library_errors(f"writing {store.describe(ROOT_KEY)}"):
+            root = dumps(manifest.root_document())
+            await publish_root(store, root, version, session.commit_id)
+        if previous is not None:
+            # Readers may still be on the version just replaced; the one before it goes,
+            # with the data it inherited, except what the two live versions still read.
+            older = previous.extra.get("previous_commit_id")
+            live = {*manifest.commits, *previous.commits}
+            if isinstance(older, str):
+                for commit in [older, *previous.extra.get("previous_inherited", [])]:
+                    if commit not in live:
+                        # leftover objects are garbage, not a failed commit
+                        with contextlib.suppress(Exception):
+                            await store.delete_prefix(data_prefix(commit))
+        return manifest
+    finally:
+        await store.aclose()
+
+
+async def _bounded(calls: Sequence[Coroutine[Any, Any, T]]) -> list[T]:
+    """Await ``calls`` with at most ``COMMIT_CONCURRENCY`` running at once, results in order.
+
+    A failure cancels the calls still running (``TaskGroup``) and is raised as it is.
+    """
+    slots = asyncio.Semaphore(COMMIT_CONCURRENCY)
+
+    async def one(call: Coroutine[Any, Any, T]) -> T:
+        try:
+            async with slots:
+                return await call
+        finally:
+            call.close()  # one cancelled before it started is closed, not left unawaited
+
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(one(call)) for call in calls]
+    except BaseExceptionGroup as failed:
+        raise failed.exceptions[0] from None
+    return [task.result() for task in tasks]
+
+
+def _utc_now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _index_puts(
+    store: ObjectStore, prefix: str, manifest: Manifest
+) -> list[Coroutine[Any, Any, None]]:
+    """The puts of ``index/``: the shard table (one row per shard: its id and each array's
+    rows), which readers read at open when the root does not list the shards, and the same
+    numbers one array per column (``shard_ids``, ``<array>_length``, as version 1 wrote
+    them), for readers that know only Zarr."""
+    int64 = np.dtype("<i8")
+    puts = [store.put(f"{prefix}/index/zarr.json", dumps(group_document()))]
+    table = manifest.table_rows()
+    arrays: list[tuple[str, ArrayLayout, np.ndarray, dict[str, Any]]] = [
+        (
+            SHARD_TABLE.removeprefix("index/"),
+            manifest.table_layout,
+            table,
+            {"rangestream_columns": manifest.table_columns},
+        ),
+        ("shard_ids", _column_layout(), table[:, 0], {}),
+    ]
+    for i, name in enumerate(manifest.arrays):
+        arrays.append((f"{name}_length", _column_layout(), table[:, 1 + i], {}))
+    for name, layout, values, attributes in arrays:
+        key = f"{prefix}/index/{name}"
+        data = np.ascontiguousarray(values, dtype=int64)
+        for block in range(layout.num_blocks(len(data))):
+            rows = data[block * layout.block_rows : (block + 1) * layout.block_rows]
+            encoded = encode_block(layout, rows.view(np.uint8))
+            puts.append(store.put(layout.block_key(key, block), encoded))
+        document = array_document(layout, len(data), attributes)
+        puts.append(store.put(f"{key}/zarr.json", dumps(document)))
+    return puts
+
+
+def _column_layout() -> ArrayLayout:
+    return ArrayLayout.for_sizes(np.dtype("<i8"), (), chunk_bytes=64 * 1024, block_bytes=1 << 22)
+
+
+def _parse_part(raw: bytes, where: str) -> tuple[dict[int, dict[str, int]], dict[str, Any] | None]:
+    """A part's shard lengths, and the schema its writer bound (``Storage._bind_record``)."""
+    try:
+        if len(raw) > MAX_ROOT_BYTES:
+            raise ValueError(f"larger than the {MAX_ROOT_BYTES}-byte metadata cap")
+        document = json.loads(raw)
+        shards = document["shards"]
+        schema = document.get("schema")
+        if schema is not None and not isinstance(schema, dict):
+            raise TypeError("schema must be an object")
+        return {
+            int(shard): {str(name): int(length) for name, length in lengths.items()}
+            for shard, lengths in shards.items()
+        }, schema
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as error:
+        raise CommitError(f"part manifest {where} is unreadable: {error}") from error

@@ -1,0 +1,49 @@
+"""The library's exception classes for what the store raises on the write path.
+
+Reads already end in library errors (the range reader converts them); writes, commits,
+gc and summaries go through ``library_errors`` so a caller never sees a bare builtin.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from rangestream.errors import AccessDeniedError, RangestreamError, StorageError
+
+
+@contextlib.contextmanager
+def library_errors(what: str) -> Iterator[None]:
+    """Raise the library's own class for an ``OSError`` of the store (``what`` failed).
+
+    Reads already end in library errors (the range reader converts them); on the write
+    path a local ``PermissionError`` or ``NotADirectoryError``, or S3's 403 (``retrying``
+    passes permanent errors through untouched), reached the caller as a bare builtin.
+    ``AccessDeniedError`` is also a ``PermissionError``, and every ``StorageError`` an
+    ``OSError``, so code written against the builtins still catches them.
+    """
+    try:
+        yield
+    except RangestreamError:
+        raise
+    except PermissionError as error:
+        raise AccessDeniedError(f"{what} was refused: {error}") from error
+    except OSError as error:
+        raise StorageError(f"{what} failed: {error}") from error
+
+
+def keep_failure(failure: BaseException, cleanup: BaseException, leftovers: str) -> None:
+    """Make ``failure`` carry the error of its clean-up, which failed too.
+
+    The write's own failure is what its caller must see; the clean-up's becomes its
+    context (unless that already holds another error) and a note says where the
+    leftovers are.
+    """
+    if cleanup.__context__ is failure:
+        cleanup.__context__ = None  # no cycle between the two
+    if failure.__context__ is None or failure.__context__ is failure.__cause__:
+        failure.__context__ = cleanup  # the cause, if any, still tells where it came from
+    failure.add_note(
+        f"cleaning up after this failure failed too ({type(cleanup).__name__}: {cleanup}); "
+        f"the objects under {leftovers} are left for `rangestream gc`"
+    )
