@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rangestream.loader.reading import raise_no_batch
-from rangestream.loader.tasks import BatchIterator
+from rangestream.loader.tasks import BatchIterator, emit_batches
 from rangestream.loader.worker_plan import ReadGroup, RunRead, WorkerPlan
 
 if TYPE_CHECKING:
@@ -135,10 +135,7 @@ def generate_block_sync(dataset: BatchIterableDataset, reader: Any, start: Start
             read = feed.reads.popleft()
             yield read, source.read_many_sync(reader, _requests(dataset, reader, read, start.epoch))
 
-    collate = dataset.options.collate_fn
-    for step, samples in assemble(plan, feed, arrived(), start.done):
-        dataset.worker_batches += 1
-        yield dataset.emit(step, collate(samples))  # type: ignore[misc]
+    yield from emit_batches(dataset, assemble(plan, feed, arrived(), start.done))
 
 
 class BlockIterator(BatchIterator):

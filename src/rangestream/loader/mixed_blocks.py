@@ -29,7 +29,7 @@ from rangestream.loader.mixture import SourceDraws
 from rangestream.loader.phases import phase_layout, reader_region
 from rangestream.loader.reading import raise_no_batch
 from rangestream.loader.shuffle import BlockShuffle
-from rangestream.loader.tasks import BatchIterator
+from rangestream.loader.tasks import BatchIterator, emit_batches
 from rangestream.loader.worker_plan import RunRead
 
 if TYPE_CHECKING:
@@ -233,10 +233,7 @@ def generate_mixed_block_sync(
         return _Now(lambda: child.read_many_sync(child_reader, requests))
 
     runs = _runs(dataset, reader, plan, start.epoch, read)
-    collate = dataset.options.collate_fn
-    for step, samples in _steps(dataset, plan, runs, start.epoch, start.done):
-        dataset.worker_batches += 1
-        yield dataset.emit(step, collate(samples))  # type: ignore[misc]
+    yield from emit_batches(dataset, _steps(dataset, plan, runs, start.epoch, start.done))
 
 
 class MixedBlockIterator(BatchIterator):

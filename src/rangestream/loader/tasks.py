@@ -19,7 +19,7 @@ import contextlib
 import os
 import sys
 import weakref
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine, Iterable, Iterator
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -29,7 +29,7 @@ from rangestream.io.process import io_loop
 if TYPE_CHECKING:
     from rangestream.loader.iterable import BatchIterableDataset
 
-__all__ = ["SHUTDOWN_SECONDS", "BatchIterator", "IterationTasks"]
+__all__ = ["SHUTDOWN_SECONDS", "BatchIterator", "IterationTasks", "emit_batches"]
 
 T = TypeVar("T")
 
@@ -161,3 +161,14 @@ class BatchIterator(Iterator[Any]):
         if os.getpid() == getattr(self, "_pid", None):
             with contextlib.suppress(Exception):
                 self.close()
+
+
+def emit_batches(
+    dataset: BatchIterableDataset, steps: Iterable[tuple[int, list[Any]]]
+) -> Iterator[Any]:
+    """Collate each step's samples and hand the batches out with the loader's position: the
+    sync reading paths' counterpart of :meth:`BatchIterator._emit`."""
+    collate = dataset.options.collate_fn
+    for step, samples in steps:
+        dataset.worker_batches += 1
+        yield dataset.emit(step, collate(samples))  # type: ignore[misc]
