@@ -579,6 +579,27 @@ def write_token_stream(url: str, storage_options: dict[str, Any], shard_sizes: l
                 start += record_size
 
 
+@pytest.mark.parametrize("shuffle", [True, "block", False, "window"])
+def test_a_storage_opened_without_a_format_loads_with_every_shuffle(
+    location: Location, shuffle: Any
+) -> None:
+    """A self-describing storage learns its dtype by opening, a blocking call: the loader
+    asks it when it is built, never on the I/O loop where the workers plan (the block
+    shuffle's runs and the sequential stretches are sized from it)."""
+    write_token_stream(location.url, location.storage_options, [120, 96, 144])  # 360 tokens
+    storage = StreamStorage(location.url, storage_options=location.storage_options)
+    for workers in (0, 2):
+        loader = StatefulDataLoader.from_storage(
+            storage, sequence_length=8, batch_size=4, num_workers=workers, drop_last=False,
+            shuffle=shuffle, shuffle_seed=SEED,
+        )  # fmt: skip
+        windows = np.concatenate([batch["tokens"].numpy() for batch in loader])
+        starts = windows[:, 0]
+        np.testing.assert_array_equal(windows, starts[:, None] + np.arange(8))
+        # 45 windows in 12 batches of 4: the last batch wraps around to the epoch's start
+        assert len(starts) == 48 and sorted(set(starts.tolist())) == list(range(0, 360, 8))
+
+
 def test_two_ranks_with_two_workers_read_every_window_of_a_real_stream_once(
     location: Location,
 ) -> None:

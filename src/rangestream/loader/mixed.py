@@ -175,7 +175,7 @@ class MixedSource:
         shuffles = []
         for number, (name, source) in enumerate(zip(self.names, self.sources, strict=True)):
             if self.run_windows[number] is None:
-                span = getattr(getattr(source, "dataset", None), "sample_span_bytes", None)
+                span = getattr(source, "span_bytes", None)
                 if not isinstance(span, int) or span < 1:
                     raise LoaderConfigError(
                         f"shuffle='block' needs windows of one size in every source; "

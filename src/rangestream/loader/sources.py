@@ -154,6 +154,15 @@ class IndexedSource:
         )
         self._permutation: Permutation | None = None
         self._kept: Any = None
+        #: Storage bytes from one sample's start to the next's, when samples in storage
+        #: order are adjacent and of one size (windows). Asked here, in the process that
+        #: builds the loader: a storage opened without a format learns its dtype by opening
+        #: (a blocking call), which cannot happen later, where workers plan on their I/O
+        #: loop. Not needed, and so not asked, for the per-window shuffle.
+        self.span_bytes: int | None = None
+        if self.shuffle != "window":
+            span = getattr(dataset, "sample_span_bytes", None)
+            self.span_bytes = int(span) if isinstance(span, int) and span > 0 else None
 
     def __repr__(self) -> str:
         return f"IndexedSource({self.dataset!r}, shuffle={self.shuffle!r}, seed={self.seed})"
@@ -216,8 +225,8 @@ class IndexedSource:
         kept: they define the order, so a resumed loader takes them from the state.
         """
         if self.run_windows is None:
-            span = getattr(self.dataset, "sample_span_bytes", None)
-            if not isinstance(span, int) or span < 1:
+            span = self.span_bytes
+            if span is None:
                 raise LoaderConfigError(
                     f"shuffle='block' needs samples of one size adjacent in storage (token "
                     f"windows); {self.dataset!r} has none: use shuffle='window'"
@@ -237,10 +246,7 @@ class IndexedSource:
                 setattr(self, key, saved)
 
     def sample_span_bytes(self) -> int | None:
-        if self.shuffle == "window":
-            return None
-        span = getattr(self.dataset, "sample_span_bytes", None)
-        return int(span) if isinstance(span, int) and span > 0 else None
+        return self.span_bytes
 
     def reads_per_batch(self) -> int:
         return 1
