@@ -104,8 +104,10 @@ def run(arguments: argparse.Namespace) -> int:
     print(f"wrote {total:,} tokens in {arguments.shards} shards to {url} "
           f"in {write_seconds:.1f} s")  # fmt: skip
 
+    # read back as a user would: the dataset describes itself, no format object
+    stored = StreamStorage(url, storage_options=options, retry=retry_policy(arguments))
     loader = StatefulDataLoader.from_storage(
-        storage,
+        stored,
         collate_with_io_stats,
         sequence_length=arguments.sequence_length,
         batch_size=arguments.batch_size,
