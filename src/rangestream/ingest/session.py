@@ -97,7 +97,7 @@ def begin(
             try:
                 previous = json.loads(await store.get(SESSION_KEY))
             except FileNotFoundError:
-                pass
+                previous = None  # no earlier session here: a fresh write
             except ValueError:
                 previous = None  # a damaged session file: start over
             commit_id = previous.get("commit_id") if isinstance(previous, dict) else None

@@ -217,26 +217,15 @@ class BlockIterator(BatchIterator):
             self._fill()
             yield read, samples
 
-    def __next__(self) -> Any:
-        if self._closed:
-            raise StopIteration
-        try:
-            if self._started is not None:
-                plan = self._started.result()
-                self._started = None
-                assert self._feed is not None
-                if self._first is None:
-                    self._fill()
-                self._batches = assemble(
-                    plan, self._feed, self._arrived(), self._start.done, self._first
-                )
-            assert self._batches is not None
-            found = next(self._batches, None)
-            if found is not None:
-                step, samples = found
-                return self._emit(step, samples)
-        except BaseException:
-            self.close()
-            raise
-        self.close()
-        raise StopIteration
+    def _next_step(self) -> tuple[int, list[Any]] | None:
+        if self._started is not None:
+            plan = self._started.result()
+            self._started = None
+            assert self._feed is not None
+            if self._first is None:
+                self._fill()
+            self._batches = assemble(
+                plan, self._feed, self._arrived(), self._start.done, self._first
+            )
+        assert self._batches is not None
+        return next(self._batches, None)

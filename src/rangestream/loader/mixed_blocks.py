@@ -249,31 +249,20 @@ class MixedBlockIterator(BatchIterator):
         reader = await self._dataset.async_reader(self.tasks)
         return reader, mixed_block_plan(self._dataset, reader, self._start)
 
-    def __next__(self) -> Any:
-        if self._closed:
-            raise StopIteration
+    def _next_step(self) -> tuple[int, list[Any]] | None:
         dataset = self._dataset
-        try:
-            if self._started is not None:
-                reader, plan = self._started.result()
-                self._started = None
-                source: MixedSource = dataset.source  # type: ignore[assignment]
+        if self._started is not None:
+            reader, plan = self._started.result()
+            self._started = None
+            source: MixedSource = dataset.source  # type: ignore[assignment]
 
-                def read(number: int, requests: list[Any]) -> Any:
-                    child = source.sources[number]
-                    return self.tasks.submit(child.read_many(reader.readers[number], requests))
+            def read(number: int, requests: list[Any]) -> Any:
+                child = source.sources[number]
+                return self.tasks.submit(child.read_many(reader.readers[number], requests))
 
-                runs = _runs(dataset, reader, plan, self._start.epoch, read)
-                for one in runs:
-                    one.fill()  # every source starts reading now
-                self._steps = _steps(dataset, plan, runs, self._start.epoch, self._start.done)
-            assert self._steps is not None
-            found = next(self._steps, None)
-            if found is not None:
-                step, samples = found
-                return self._emit(step, samples)
-        except BaseException:
-            self.close()
-            raise
-        self.close()
-        raise StopIteration
+            runs = _runs(dataset, reader, plan, self._start.epoch, read)
+            for one in runs:
+                one.fill()  # every source starts reading now
+            self._steps = _steps(dataset, plan, runs, self._start.epoch, self._start.done)
+        assert self._steps is not None
+        return next(self._steps, None)

@@ -262,14 +262,13 @@ class MixedOrder:
                 f"set_weights position {position} is before the current phase, which starts "
                 f"at {phases[-1].start} of epoch {epoch}"
             )
-        if new == phases[-1].weights:
-            pass
-        elif position > phases[-1].start:
-            phases = (*phases, MixPhase(position, new))
-        elif len(phases) > 1 and phases[-2].weights == new:
-            phases = phases[:-1]  # the last phase never took a position: back to the one before
-        else:
-            phases = (*phases[:-1], MixPhase(position, new))
+        if new != phases[-1].weights:  # the same weights again change nothing
+            if position > phases[-1].start:
+                phases = (*phases, MixPhase(position, new))
+            elif len(phases) > 1 and phases[-2].weights == new:
+                phases = phases[:-1]  # the last phase never took a position: the one before
+            else:
+                phases = (*phases[:-1], MixPhase(position, new))
         self._phase_epoch, self._phases = epoch, phases
         self._resolved = None
 

@@ -256,30 +256,22 @@ class PrefetchingIterator(BatchIterator):
             self._reads.start(start)
         )
 
-    def __next__(self) -> Any:
-        if self._closed:
-            raise StopIteration
+    def _next_step(self) -> tuple[int, list[Any]] | None:
         reads = self._reads
         size = self._dataset.options.batch_size
-        try:
-            if self._started is not None:
-                self._started.result()
-                self._started = None
-            while len(self._samples) < size and reads.pending:
-                # Waiting on the oldest read keeps the order; the others run meanwhile.
-                count, read = reads.pending.popleft()
-                self._samples.extend(read.result())
-                reads.in_flight -= count
-                reads.first_pending = False
-                reads.fill()
-            if len(self._samples) >= size:
-                batch = [self._samples.popleft() for _ in range(size)]
-                return self._emit(reads.steps.popleft(), batch)
-        except BaseException:
-            self.close()
-            raise
-        self.close()
-        raise StopIteration
+        if self._started is not None:
+            self._started.result()
+            self._started = None
+        while len(self._samples) < size and reads.pending:
+            # Waiting on the oldest read keeps the order; the others run meanwhile.
+            count, read = reads.pending.popleft()
+            self._samples.extend(read.result())
+            reads.in_flight -= count
+            reads.first_pending = False
+            reads.fill()
+        if len(self._samples) < size:
+            return None
+        return reads.steps.popleft(), [self._samples.popleft() for _ in range(size)]
 
 
 def check_same_count(known: int | None, found: int, owner: str) -> int:

@@ -19,6 +19,7 @@ import contextlib
 import os
 import sys
 import weakref
+from abc import abstractmethod
 from collections.abc import Coroutine, Iterable, Iterator
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -144,6 +145,23 @@ class BatchIterator(Iterator[Any]):
         self._pid = os.getpid()
         self._closed = False
         self.tasks = IterationTasks()
+
+    @abstractmethod
+    def _next_step(self) -> tuple[int, list[Any]] | None:
+        """The next step and its samples, waiting for their reads; ``None`` at the end."""
+
+    def __next__(self) -> Any:
+        if self._closed:
+            raise StopIteration
+        try:
+            found = self._next_step()
+            if found is not None:
+                return self._emit(*found)
+        except BaseException:
+            self.close()
+            raise
+        self.close()
+        raise StopIteration
 
     def _emit(self, step: int, samples: list[Any]) -> Any:
         """Collate one step's samples and hand the batch out with the loader's position."""
