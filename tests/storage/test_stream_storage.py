@@ -13,7 +13,7 @@ import zarr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.s3 import Location
-from support.streams import SMALL, TOKENS, make_records, write
+from support.streams import SMALL, TOKENS, ShardTagFormat, ground_truth, make_records, write
 
 from rangestream import StreamNumpyFormat, StreamStorage
 from rangestream.errors import (
@@ -23,33 +23,6 @@ from rangestream.errors import (
     InvalidShardError,
     SchemaMismatchError,
 )
-from rangestream.types import StreamStorageFormat
-
-
-def ground_truth(records: dict[int, list[Any]]) -> tuple[np.ndarray, np.ndarray]:
-    """Global element order is shard by shard; also returns each element's shard."""
-    tokens = np.concatenate([r["tokens"] for s in sorted(records) for r in records[s]])
-    shards = np.concatenate(
-        [np.full(len(r["tokens"]), s) for s in sorted(records) for r in records[s]]
-    )
-    return tokens, shards
-
-
-class ShardTagFormat(StreamStorageFormat[dict, dict, np.int32]):
-    """A custom format that records which shard each element came from."""
-
-    def __init__(self) -> None:
-        super().__init__(np.dtype("<i4"))
-
-    def pack(self, data: dict) -> np.ndarray:
-        return np.asarray(data["tokens"], dtype=self.stream_dtype)
-
-    def unpack(self, stream: np.ndarray, shard_lengths: np.ndarray, shards: np.ndarray) -> dict:
-        shard_ids = np.concatenate(
-            [np.full(n, s, dtype=np.int64) for n, s in zip(shard_lengths, shards, strict=True)]
-            or [np.empty(0, np.int64)]
-        )
-        return {"tokens": stream, "shard": shard_ids}
 
 
 @settings(

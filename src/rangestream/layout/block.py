@@ -45,6 +45,8 @@ class ArrayLayout:
     stored_chunk_nbytes: int = field(init=False, repr=False, compare=False)
     chunks_per_block: int = field(init=False, repr=False, compare=False)
     index_nbytes: int = field(init=False, repr=False, compare=False)
+    #: What follows a block's number in its key: one ``/0`` per trailing stored axis.
+    block_key_suffix: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.chunk_rows < 1 or self.block_rows < self.chunk_rows:
@@ -63,6 +65,7 @@ class ArrayLayout:
             "stored_chunk_nbytes": self.chunk_rows * row_nbytes + CRC_NBYTES,
             "chunks_per_block": chunks_per_block,
             "index_nbytes": 16 * chunks_per_block + CRC_NBYTES,
+            "block_key_suffix": "/0" * self.stored_trailing_ndim,
         }
         for name, value in derived.items():
             object.__setattr__(self, name, value)
@@ -117,7 +120,7 @@ class ArrayLayout:
         return ArrayLayout(self.dtype, self.row_shape, self.chunk_rows, rows, self.dense_chunks)
 
     def block_key(self, array_key: str, block: int) -> str:
-        return f"{array_key}/c/{block}" + "/0" * self.stored_trailing_ndim
+        return f"{array_key}/c/{block}{self.block_key_suffix}"
 
     def num_blocks(self, length: int) -> int:
         return -(-length // self.block_rows)
