@@ -50,6 +50,19 @@ class DocumentDataset:
         """Whether the storage is on local disk (the loader then reads synchronously)."""
         return bool(getattr(self.storage, "is_local", False))
 
+    @property
+    def sample_span_bytes(self) -> int:
+        """Stored bytes of a document on average (opens the dataset in this process).
+
+        Documents in storage order lie back to back in their shard's heap, so a run of
+        them is one offsets range and one heap range: the block shuffle reads runs of
+        ``4 MiB // span`` documents, about 4 MiB each; their sizes vary, so a run's bytes
+        vary around that.
+        """
+        opened = self.storage._default_opening.get_sync()
+        heap = opened.manifest.totals["payload_heap"]  # uint8 rows: bytes
+        return max(1, -(-int(heap) // max(1, int(opened.num_documents))))
+
     def sync_reader(self) -> DocumentReader:
         return DocumentReader(self)
 

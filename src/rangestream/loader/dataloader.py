@@ -190,7 +190,7 @@ class StatefulDataLoader(torchdata.stateful_dataloader.StatefulDataLoader):
             local disk (a random window there is a page-cache copy); see
             :func:`rangestream.loader.storage_kinds.default_shuffle`. ``"window"``: a global
             per-window shuffle, a new order each epoch. ``"block"``: the block shuffle
-            (stream windows). ``False``: storage order.
+            (stream windows, documents). ``False``: storage order.
         shuffle_seed : int, default 0
             Seed of the shuffle (equal on all ranks).
         drop_last : bool, default True

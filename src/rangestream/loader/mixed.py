@@ -178,7 +178,7 @@ class MixedSource:
                 span = getattr(source, "span_bytes", None)
                 if not isinstance(span, int) or span < 1:
                     raise LoaderConfigError(
-                        f"shuffle='block' needs windows of one size in every source; "
+                        f"shuffle='block' needs samples adjacent in storage in every source; "
                         f"{name!r} has none: use shuffle='window'"
                     )
                 self.run_windows[number] = max(1, DEFAULT_RUN_BYTES // span)

@@ -91,7 +91,7 @@ class SampleSource(Protocol):
 
     def sample_span_bytes(self) -> int | None:
         """Storage bytes between consecutive samples of the epoch's order if they are
-        adjacent there and of one size (sequential windows), else ``None``."""
+        adjacent there (sequential windows; documents, on average), else ``None``."""
 
     def reads_per_batch(self) -> int:
         """``read_many`` calls the requests of one batch become (a mixture's sources)."""
@@ -155,10 +155,10 @@ class IndexedSource:
         self._permutation: Permutation | None = None
         self._kept: Any = None
         #: Storage bytes from one sample's start to the next's, when samples in storage
-        #: order are adjacent and of one size (windows). Asked here, in the process that
-        #: builds the loader: a storage opened without a format learns its dtype by opening
-        #: (a blocking call), which cannot happen later, where workers plan on their I/O
-        #: loop. Not needed, and so not asked, for the per-window shuffle.
+        #: order are adjacent (windows; documents, on average). Asked here, in the process
+        #: that builds the loader: a storage opened without a format learns its dtype by
+        #: opening (a blocking call), which cannot happen later, where workers plan on
+        #: their I/O loop. Not needed, and so not asked, for the per-window shuffle.
         self.span_bytes: int | None = None
         if self.shuffle != "window":
             span = getattr(dataset, "sample_span_bytes", None)
@@ -228,8 +228,8 @@ class IndexedSource:
             span = self.span_bytes
             if span is None:
                 raise LoaderConfigError(
-                    f"shuffle='block' needs samples of one size adjacent in storage (token "
-                    f"windows); {self.dataset!r} has none: use shuffle='window'"
+                    f"shuffle='block' needs samples adjacent in storage (token windows, "
+                    f"documents); {self.dataset!r} has none: use shuffle='window'"
                 )
             self.run_windows = max(1, DEFAULT_RUN_BYTES // span)
         if self.buffer_runs is None:

@@ -161,17 +161,20 @@ def _stream_builder(kind: str) -> SourceBuilder:
 
 
 def _shuffle_of_many_sizes(options: SourceOptions, sizes: str) -> str | bool:
-    """The shuffle of a source whose samples have many sizes (documents, whole records):
-    by sample unless told otherwise; ``"block"`` shuffles windows of one size only."""
+    """The shuffle of whole temporal records: by record unless told otherwise; records
+    are few and large, so there are no runs of them for ``"block"`` to read."""
     if options.shuffle == "block":
         raise LoaderConfigError(
-            f"{sizes}; shuffle='block' needs windows of one size: use "
+            f"{sizes}; shuffle='block' reads runs of many small samples: use "
             "shuffle='window' (the default) or False"
         )
     return "window" if options.shuffle is None else options.shuffle
 
 
 def _document_builder(storage: Any, options: SourceOptions) -> SampleSource:
+    """Documents, by default block-shuffled over object storage (runs of about 4 MiB of
+    consecutive documents: two requests a run instead of about two a document) and
+    shuffled by document on local disk, as windows are (:func:`default_shuffle`)."""
     _reject(
         "document",
         sequence_length=options.sequence_length,
@@ -180,7 +183,7 @@ def _document_builder(storage: Any, options: SourceOptions) -> SampleSource:
         fields=options.fields,
         samples_per_epoch=options.samples_per_epoch,
     )
-    shuffle = _shuffle_of_many_sizes(options, "'document' storage has documents of many sizes")
+    shuffle = default_shuffle(storage) if options.shuffle is None else options.shuffle
     from rangestream.dataset import DocumentDataset
 
     return _indexed(DocumentDataset(storage), options, shuffle)
@@ -224,7 +227,7 @@ def _temporal_records_builder(records: Any, options: SourceOptions) -> SampleSou
         run_windows=options.run_windows,
         buffer_runs=options.buffer_runs,
     )
-    shuffle = _shuffle_of_many_sizes(options, "whole temporal records have many sizes")
+    shuffle = _shuffle_of_many_sizes(options, "whole temporal records are few and large")
     if options.fields is not None:
         records = records.with_fields(options.fields)
     return _indexed(records, options, shuffle)
