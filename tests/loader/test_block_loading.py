@@ -30,6 +30,7 @@ from rangestream.loader import (
     LoaderPosition,
     StatefulDataLoader,
 )
+from rangestream.loader.bundles import BUNDLE_BATCHES
 from rangestream.loader.geometry import WindowGeometry
 from rangestream.loader.phases import EpochPosition
 from rangestream.loader.shuffle import BlockShuffle, simulate_epoch
@@ -63,7 +64,10 @@ def iterate_as_workers(
     for worker in range(workers):
         info = SimpleNamespace(id=worker, num_workers=workers)
         monkeypatch.setattr("rangestream.loader.iterable.get_worker_info", lambda info=info: info)
-        for step, batch, _ in dataset:
+        bundles = list(dataset)  # a worker's messages: bundles of tagged batches
+        assert [len(bundle) for bundle in bundles[:1]] == [1][: len(bundles)]
+        assert all(1 <= len(bundle) <= BUNDLE_BATCHES for bundle in bundles)
+        for step, batch, _ in (tagged for bundle in bundles for tagged in bundle):
             assert step % workers == worker  # the DataLoader's round robin
             out[step] = [int(p) for p in batch["position"]]
     monkeypatch.setattr("rangestream.loader.iterable.get_worker_info", lambda: None)

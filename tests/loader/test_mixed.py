@@ -318,7 +318,7 @@ def load_as_workers(
     for worker in range(workers):
         info = SimpleNamespace(id=worker, num_workers=workers)
         monkeypatch.setattr("rangestream.loader.iterable.get_worker_info", lambda info=info: info)
-        for step, batch, _ in dataset:
+        for step, batch, _ in (tagged for bundle in dataset for tagged in bundle):
             out[step] = samples_of(batch)
     monkeypatch.setattr("rangestream.loader.iterable.get_worker_info", lambda: None)
     return out

@@ -24,6 +24,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from rangestream.errors import LoaderConfigError, StateError
 from rangestream.loader.block_reading import BlockIterator, generate_block_sync
+from rangestream.loader.bundles import bundled
 from rangestream.loader.mixed import MixedSource
 from rangestream.loader.mixed_blocks import MixedBlockIterator, generate_mixed_block_sync
 from rangestream.loader.options import DEFAULT_PREFETCH, BatchOptions
@@ -377,6 +378,12 @@ class BatchIterableDataset(IterableDataset[Any]):
         )
 
     def __iter__(self) -> Iterator[Any]:
+        batches = self._batches()
+        if self._tagged and get_worker_info() is not None:
+            return bundled(batches)  # several batches per message (loader.bundles)
+        return batches
+
+    def _batches(self) -> Iterator[Any]:
         worker_id, num_workers = _worker_identity()
         done = 0
         if self._resume is not None:

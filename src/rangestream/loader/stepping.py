@@ -12,10 +12,12 @@ stretch; until then, no worker exists.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from rangestream.errors import StateError
+from rangestream.loader.bundles import Bundle
 
 if TYPE_CHECKING:
     from rangestream.loader.dataloader import StatefulDataLoader
@@ -39,6 +41,7 @@ class StepIterator(Iterator[Any]):
         self._finished = False
         self._next_step = 0
         self._early: dict[int, Any] = {}
+        self._bundle: deque[tuple[int, Any, Any]] = deque()  # the rest of a worker's message
         self._order_version = loader._order_version
         if loader._head_start():
             self._head = loader.dataset.head_stretch(self._start)
@@ -72,7 +75,7 @@ class StepIterator(Iterator[Any]):
             if batch is not _MISSING:
                 break
             try:
-                step, received, io = next(workers)
+                step, received, io = self._next_tagged(workers)
             except StopIteration:
                 self._finished = True
                 if self._early:
@@ -92,6 +95,17 @@ class StepIterator(Iterator[Any]):
         loader._advance()
         return batch
 
+    def _next_tagged(self, workers: Iterator[Any]) -> tuple[int, Any, Any]:
+        """The next tagged batch out of the workers, whose messages are bundles of them
+        (:mod:`rangestream.loader.bundles`)."""
+        if self._bundle:
+            return self._bundle.popleft()
+        received = next(workers)
+        if type(received) is not Bundle:  # read in this process (no workers)
+            return received  # type: ignore[no-any-return]
+        self._bundle.extend(received)
+        return self._bundle.popleft()
+
     def _restart(self) -> None:
         """The order changed (new mixture weights): drop what was read ahead under the old
         order and continue from the loader's position with fresh workers."""
@@ -99,6 +113,7 @@ class StepIterator(Iterator[Any]):
         self._inner = None
         self._head = None
         self._early.clear()
+        self._bundle.clear()
         self._start = self._loader.dataset.position
         self._next_step = 0
         self._step_offset = 0

@@ -25,6 +25,8 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
+from rangestream.loader.bundles import Bundle
+
 __all__ = ["BY_VALUE_MAX_BYTES", "for_transport", "share_in_worker"]
 
 #: Largest tensor sent from a worker by value (pickled bytes) rather than shared memory.
@@ -98,4 +100,6 @@ def for_transport(batch: Any) -> Any:
     value (see the module docstring). Outside a worker nothing is pickled: returned as is."""
     if get_worker_info() is None:
         return batch
+    if type(batch) is Bundle:
+        return Bundle(_wrap(item) for item in batch)
     return _wrap(batch)
