@@ -7,6 +7,8 @@ them, the shards they list hold no objects: the commit reads parts, not shard da
 time of ``session.commit()``, median and range over three commits, on local disk and over
 a local SeaweedFS, directly and behind a proxy adding 20 ms to every request; over the
 proxy also its counts: requests by method and the most requests it saw in flight at once.
+``local_v1``: local disk again, with parts of the first format (one JSON object per shard),
+which older writers wrote and commits still read.
 """
 
 from __future__ import annotations
@@ -24,25 +26,37 @@ SHARDS_PER_PART = 100
 REPEATS = 3
 
 
-def prepare(url: str, parts: int, options: dict[str, Any]) -> Any:
+def prepare(url: str, parts: int, options: dict[str, Any], part_format: int = 2) -> Any:
+    """A session whose ``parts`` parts (of ``part_format``) list 100 shards each."""
+    from rangestream.storage.parts import part_document
+
     storage = harness.storage("stream", url, **options)
     session = storage.parallel_write(overwrite=True)
     lengths = harness.claim("stream")
     for part in range(parts):
         shards = range(part * SHARDS_PER_PART, (part + 1) * SHARDS_PER_PART)
-        document = {"part_id": f"p{part}", "shards": {str(s): lengths for s in shards}}
-        harness.put(storage, f"{session.prefix}/parts/p{part}.json", json.dumps(document).encode())
+        if part_format == 1:
+            first = {"part_id": f"p{part}", "shards": {str(s): lengths for s in shards}}
+            document = json.dumps(first).encode()
+        else:
+            document = part_document(f"p{part}", {s: lengths for s in shards})
+        harness.put(storage, f"{session.prefix}/parts/p{part}.json", document)
     return session
 
 
 def series(
-    where: str, url: str, options: dict[str, Any], stats_url: str | None, parts: tuple
+    where: str,
+    url: str,
+    options: dict[str, Any],
+    stats_url: str | None,
+    parts: tuple,
+    part_format: int = 2,
 ) -> dict:
     out = {}
     for count in parts:
         times, counts = [], None
         for _ in range(REPEATS):
-            session = prepare(url, count, options)
+            session = prepare(url, count, options, part_format)
             if stats_url is not None:
                 _post(stats_url.replace("/stats", "/reset"))
             began = time.perf_counter()
@@ -72,6 +86,7 @@ def run(label: str, quick: bool) -> dict:
     result: dict[str, Any] = {"library": harness.code_version(), "shards_per_part": SHARDS_PER_PART}
     local = harness.fresh_dir(harness.work_dir(label, "commit") / "local")
     result["local"] = series("local", str(local / "ds"), {}, None, parts)
+    result["local_v1"] = series("local_v1", str(local / "ds_v1"), {}, None, parts, part_format=1)
     with S3Environment(harness.work_dir(label, "s3env"), latency_ms=20.0) as env:
         endpoint = env.endpoint
         assert endpoint is not None

@@ -105,7 +105,7 @@ def commit_tables(after: dict, before: dict | None) -> list[str]:
     out = ["### Commit, by parts (100 shards each)", ""]
     out.append("| where | parts | commit s (range) | before s | requests (proxy) | in flight |")
     out.append("|---|---:|---:|---:|---|---:|")
-    for where in ("local", "s3", "s3_20ms"):
+    for where in ("local", "local_v1", "s3", "s3_20ms"):
         for n, row in after.get(where, {}).items():
             old = (before or {}).get(where, {}).get(n)
             proxy = row.get("proxy") or {}
