@@ -9,6 +9,11 @@ a local SeaweedFS, directly and behind a proxy adding 20 ms to every request; ov
 proxy also its counts: requests by method and the most requests it saw in flight at once.
 ``local_v1``: local disk again, with parts of the first format (one JSON object per shard),
 which older writers wrote and commits still read.
+
+Each series commits over the same URL, so from its third commit on each commit also
+retires the version two back (lists and deletes its objects: here its parts). The
+``*_first`` series commit 1,000 parts to a fresh URL each time: a first write, which
+retires nothing.
 """
 
 from __future__ import annotations
@@ -51,12 +56,14 @@ def series(
     stats_url: str | None,
     parts: tuple,
     part_format: int = 2,
+    first_write: bool = False,
 ) -> dict:
     out = {}
     for count in parts:
         times, counts = [], None
-        for _ in range(REPEATS):
-            session = prepare(url, count, options, part_format)
+        for repeat in range(REPEATS):
+            target = f"{url}-{count}-{repeat}" if first_write else url
+            session = prepare(target, count, options, part_format)
             if stats_url is not None:
                 _post(stats_url.replace("/stats", "/reset"))
             began = time.perf_counter()
@@ -103,6 +110,9 @@ def run(label: str, quick: bool) -> dict:
             }
             url = f"s3://{endpoint.bucket}/{label}/commit-{name}"
             result[name] = series(name, url, options, stats, parts)
+            if not quick:
+                first = f"{name}_first"
+                result[first] = series(first, url, options, stats, parts[-1:], first_write=True)
     return result
 
 

@@ -105,19 +105,20 @@ def commit_tables(after: dict, before: dict | None) -> list[str]:
     out = ["### Commit, by parts (100 shards each)", ""]
     out.append("| where | parts | commit s (range) | before s | requests (proxy) | in flight |")
     out.append("|---|---:|---:|---:|---|---:|")
-    for where in ("local", "local_v1", "s3", "s3_20ms"):
+    for where in ("local", "local_v1", "s3", "s3_first", "s3_20ms", "s3_20ms_first"):
+        # runs before local_v1 existed wrote first-format parts in their local series
+        earlier = (before or {}).get(where) or (before or {}).get(where.removesuffix("_v1"), {})
         for n, row in after.get(where, {}).items():
-            old = (before or {}).get(where, {}).get(n)
+            old = earlier.get(n)
             proxy = row.get("proxy") or {}
             s = row["seconds"]
             out.append(
                 f"| {where} | {int(n):,} | {s['median']:.3f} ({s['min']:.3f}-{s['max']:.3f}) | "
-                f"{old['seconds']['median']:.3f} | {proxy.get('requests_by_method', '')} | "
-                f"{proxy.get('max_in_flight', '')} |"
+                f"{old['seconds']['median']:.3f} | "
                 if old
-                else f"| {where} | {int(n):,} | {s['median']:.3f} | | "
-                f"{proxy.get('requests_by_method', '')} | {proxy.get('max_in_flight', '')} |"
+                else "| | "
             )
+            out[-1] += f"{proxy.get('requests_by_method', '')} | {proxy.get('max_in_flight', '')} |"
         rows = after.get(where, {})
         if len(rows) >= 2:
             a, b = fit([int(n) for n in rows], [r["seconds"]["median"] for r in rows.values()])
