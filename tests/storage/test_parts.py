@@ -171,6 +171,7 @@ HOSTILE_PARTS = {
     "not an object": b"[1, 2]",
     "not json": b"\xff\x00",
     "a newer format": columnar_part(format_version=3),
+    "a format that is not an integer": columnar_part(format_version=2.0),
     "ids not a list": columnar_part(shard_ids={"0": 1}),
     "float ids": columnar_part(shard_ids=[0, 1.5]),
     "string ids": columnar_part(shard_ids=["0", "1"]),

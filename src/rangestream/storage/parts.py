@@ -115,6 +115,8 @@ def parse_part(raw: bytes, key: str, describe: Callable[[str], str] = str) -> Pa
         if schema is not None and not isinstance(schema, dict):
             raise TypeError("schema must be an object")
         version = document.get("format_version", 1)
+        if type(version) is not int:  # not true, not 2.0
+            raise TypeError(f"format_version {version!r} must be an integer")
         if version == 1:
             ids, lengths = _first_format(document["shards"])
         elif version == 2:
