@@ -103,26 +103,33 @@ def open_tables(after: dict, before: dict | None) -> list[str]:
 
 def commit_tables(after: dict, before: dict | None) -> list[str]:
     out = ["### Commit, by parts (100 shards each)", ""]
-    out.append("| where | parts | commit s (range) | before s | requests (proxy) | in flight |")
-    out.append("|---|---:|---:|---:|---|---:|")
-    for where in ("local", "s3", "s3_20ms"):
+    out.append(
+        "| where | parts | commit s (range) | before s | CPU s (range) | before CPU s | "
+        "requests (proxy) | in flight |"
+    )
+    out.append("|---|---:|---:|---:|---:|---:|---|---:|")
+    for where in ("local", "local_v1", "s3", "s3_first", "s3_20ms", "s3_20ms_first"):
+        # runs before local_v1 existed wrote first-format parts in their local series
+        earlier = (before or {}).get(where) or (before or {}).get(where.removesuffix("_v1"), {})
         for n, row in after.get(where, {}).items():
-            old = (before or {}).get(where, {}).get(n)
+            old = earlier.get(n) or {}
+            cells = [where, f"{int(n):,}", spread(row["seconds"])]
+            cells.append(f"{old['seconds']['median']:.3f}" if old else "")
+            cells.append(spread(row["cpu_seconds"]) if "cpu_seconds" in row else "")
+            cells.append(f"{old['cpu_seconds']['median']:.3f}" if "cpu_seconds" in old else "")
             proxy = row.get("proxy") or {}
-            s = row["seconds"]
-            out.append(
-                f"| {where} | {int(n):,} | {s['median']:.3f} ({s['min']:.3f}-{s['max']:.3f}) | "
-                f"{old['seconds']['median']:.3f} | {proxy.get('requests_by_method', '')} | "
-                f"{proxy.get('max_in_flight', '')} |"
-                if old
-                else f"| {where} | {int(n):,} | {s['median']:.3f} | | "
-                f"{proxy.get('requests_by_method', '')} | {proxy.get('max_in_flight', '')} |"
-            )
+            cells += [str(proxy.get("requests_by_method", "")), str(proxy.get("max_in_flight", ""))]
+            out.append("| " + " | ".join(cells) + " |")
         rows = after.get(where, {})
         if len(rows) >= 2:
             a, b = fit([int(n) for n in rows], [r["seconds"]["median"] for r in rows.values()])
-            out.append(f"| {where} fit | | {a * 1e3:.1f} ms + {b * 1e3:.2f} ms/part | | | |")
+            out.append(f"| {where} fit | | {a * 1e3:.1f} ms + {b * 1e3:.2f} ms/part | | | | | |")
     return out
+
+
+def spread(seconds: dict[str, float]) -> str:
+    """``median (min-max)`` of a ``harness.spread``."""
+    return f"{seconds['median']:.3f} ({seconds['min']:.3f}-{seconds['max']:.3f})"
 
 
 def writer_tables(after: dict, before: dict | None) -> list[str]:

@@ -58,3 +58,51 @@ def test_a_dataset_whose_root_is_a_symlink_reads_normally(tmp_path: Path) -> Non
     (tmp_path / "alias").symlink_to(tmp_path / "ds")
     with StreamStorage(tmp_path / "alias", StreamNumpyFormat(TOKENS)).sync_reader() as reader:
         np.testing.assert_array_equal(reader.read(10, 100)["tokens"], np.arange(10, 110))
+
+
+def test_reads_on_many_threads_through_a_small_fd_cache_each_return_their_own_file(
+    tmp_path: Path,
+) -> None:
+    """A descriptor evicted while another thread still reads through it must not be closed
+    under that read: its number would go to the next file opened, whose bytes the read
+    would then return as the evicted file's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rangestream.io.local import LocalStore
+
+    files = 200
+    for i in range(files):
+        (tmp_path / f"{i}.bin").write_bytes(i.to_bytes(2, "little") * 512)
+    store = LocalStore(tmp_path, max_open_files=2)
+    rounds = 5
+
+    def read_all(offset: int) -> list[int]:
+        wrong = []
+        for _ in range(rounds):
+            for j in range(files):
+                i = (j * 7 + offset) % files
+                reads = (
+                    store.get_range_sync(f"{i}.bin", 0, 1024),
+                    store.get_suffix_sync(f"{i}.bin", 1024),
+                    store.get_sync(f"{i}.bin"),
+                )
+                wrong += [i for data in reads if data != i.to_bytes(2, "little") * 512]
+        return wrong
+
+    with ThreadPoolExecutor(8) as pool:
+        wrong = [i for found in pool.map(read_all, range(8)) for i in found]
+    store.close_files()
+    assert wrong == []
+    assert _open_files_under(tmp_path) == 0  # every retired descriptor was closed
+
+
+def _open_files_under(path: Path) -> int:
+    """Descriptors of this process open on files under ``path`` (none may leak)."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        count += target.startswith(str(path))
+    return count

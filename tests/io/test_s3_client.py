@@ -473,3 +473,69 @@ def test_aws_objects_are_addressed_virtual_hosted_when_the_bucket_name_allows(
             await client.aclose()
 
     assert asyncio.run(main()) == (url, "eu-west-1")
+
+
+# -- listings ------------------------------------------------------------------------------
+
+#: Keys SigV4 and XML must escape, nested keys, and a "directory" marker (which s3fs lists)
+LISTED = ["a", "sp ace/a+b&c=d%e", "ünï/ç", "q?x#y<&>", "dir/", "dir/deep/er", "dir/x"]
+
+
+@pytest.fixture(scope="module")
+def listed(s3_server: S3Endpoint, s3_bucket: str) -> str:
+    """``s3://bucket/<prefix>`` holding ``LISTED`` under ``tree/`` and a sibling ``tree2/``
+    whose keys share the prefix's first characters."""
+    name = f"s3-lists-{uuid.uuid4().hex[:8]}"
+    client = s3_server.client()
+    for key in [*(f"tree/{k}" for k in LISTED), "tree2/z"]:
+        client.put_object(Bucket=s3_bucket, Key=f"{name}/{key}", Body=b"x")
+    return f"s3://{s3_bucket}/{name}"
+
+
+def test_a_listing_names_every_key_under_the_prefix_as_s3fs_does(
+    listed: str, s3_server: S3Endpoint, reads: str
+) -> None:
+    store = make_store(listed, s3_server.storage_options, reads)
+
+    async def main() -> tuple[list[str], ...]:
+        return await store.list("tree"), await store.list("tree/dir"), await store.list("none")
+
+    expected = sorted(f"tree/{k}" for k in LISTED)
+    assert run(store, main()) == (expected, ["tree/dir/", "tree/dir/deep/er", "tree/dir/x"], [])
+
+
+def test_a_listing_follows_every_page_with_one_get_each(
+    listed: str, s3_proxy: LatencyProxy, s3_bucket: str
+) -> None:
+    store = make_store(listed, s3_proxy.storage_options, "lean")
+    root = listed.removeprefix(f"s3://{s3_bucket}/")
+
+    async def main() -> tuple[list[str], list[str]]:
+        client = await store._reads.client()
+        paged = await client.list_keys(s3_bucket, f"{root}/tree/", page_size=2)
+        return paged, await store.list("tree")
+
+    paged, whole = run(store, main())
+    assert paged == sorted(f"{root}/tree/{k}" for k in LISTED)
+    assert whole == sorted(f"tree/{k}" for k in LISTED)
+    stats = s3_proxy.stats()
+    assert stats.method("GET") == stats.requests == 4 + 1  # 7 keys 2 a page, then 1 page
+
+
+def test_listing_keys_imports_neither_s3fs_nor_aiobotocore(
+    listed: str, s3_server: S3Endpoint
+) -> None:
+    code = f"""
+        import asyncio, sys
+        from rangestream.io import S3Store
+        store = S3Store({listed!r}, {s3_server.storage_options!r})
+        async def main():
+            try:
+                return await store.list("tree/dir")
+            finally:
+                await store.aclose()
+        keys = asyncio.run(main())
+        assert keys == ["tree/dir/", "tree/dir/deep/er", "tree/dir/x"], keys
+        assert "s3fs" not in sys.modules and "aiobotocore" not in sys.modules
+    """
+    subprocess.run([sys.executable, "-c", textwrap.dedent(code)], check=True)

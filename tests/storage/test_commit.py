@@ -18,6 +18,7 @@ from rangestream.errors import (
     CommitError,
 )
 from rangestream.storage import commit, writing
+from rangestream.storage import parts as part_manifests
 from rangestream.storage import root as root_module
 from rangestream.storage.gc import collect_garbage
 from testkit import LatencyProxy
@@ -63,7 +64,7 @@ def test_an_overwrite_reads_at_most_the_metadata_cap_of_a_huge_old_root(
         handle.truncate(64 << 20)
     cap = 1 << 20
     monkeypatch.setattr(root_module, "MAX_ROOT_BYTES", cap)  # the old root's read
-    monkeypatch.setattr(commit, "MAX_ROOT_BYTES", cap)  # the parts' reads
+    monkeypatch.setattr(part_manifests, "MAX_ROOT_BYTES", cap)  # the parts' reads
     tracemalloc.start()
     try:
         write(storage, np.arange(5, dtype="<i4"), overwrite=True)

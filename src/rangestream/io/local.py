@@ -82,11 +82,37 @@ def _file_kind(mode: int) -> str:
 
 
 class _OpenFiles:
-    """This process's descriptors, least recently used first."""
+    """This process's descriptors, least recently used first, and the reads using them.
+
+    A descriptor evicted (or dropped) while a read on another thread still uses it is
+    closed by that read's end, not at once: closed at once, its number could be reused by
+    the next file opened, and the read would return that file's bytes.
+    """
 
     def __init__(self) -> None:
         self.fds: OrderedDict[str, int] = OrderedDict()
+        self.users: dict[int, int] = {}  # descriptor -> reads in progress
+        self.retired: set[int] = set()  # evicted while in use: closed by its last read
         self.lock = threading.Lock()
+
+    def retire(self, fd: int) -> None:
+        """Close ``fd`` now, or when its last read ends (call under ``lock``)."""
+        if self.users.get(fd):
+            self.retired.add(fd)
+        else:
+            os.close(fd)
+
+    def release(self, fd: int) -> None:
+        """End one read of ``fd``; the last read of a retired descriptor closes it."""
+        with self.lock:
+            left = self.users[fd] - 1
+            if left:
+                self.users[fd] = left
+                return
+            del self.users[fd]
+            if fd in self.retired:
+                self.retired.discard(fd)
+                os.close(fd)
 
 
 class LocalStore(ObjectStore):
@@ -125,26 +151,29 @@ class LocalStore(ObjectStore):
             root = self._resolved_root = os.path.realpath(self.root)
         return root
 
-    def _fd(self, key: str) -> int:
+    def _acquire(self, key: str) -> tuple[_OpenFiles, int]:
+        """A descriptor of ``key``, held open until ``release``d (reads on other threads
+        may evict it from the cache meanwhile: see ``_OpenFiles``)."""
         files = self._files.value or self._files.get_or_make(_OpenFiles)
         with files.lock:
             fd = files.fds.get(key)
             if fd is not None:
                 files.fds.move_to_end(key)
-                return fd
-            fd = open_regular_file(str(self._path(key)), self.resolved_root)
-            files.fds[key] = fd
-            while len(files.fds) > self.max_open_files:
-                _, old = files.fds.popitem(last=False)
-                os.close(old)
-            return fd
+            else:
+                fd = open_regular_file(str(self._path(key)), self.resolved_root)
+                files.fds[key] = fd
+                while len(files.fds) > self.max_open_files:
+                    files.retire(files.fds.popitem(last=False)[1])
+            files.users[fd] = files.users.get(fd, 0) + 1
+            return files, fd
 
     def close_files(self) -> None:
         files = self._files.pop()
         if files is not None:
             with files.lock:
                 for fd in files.fds.values():
-                    os.close(fd)
+                    files.retire(fd)
+                files.fds.clear()
 
     def close_sync(self) -> None:
         self.close_files()
@@ -153,23 +182,33 @@ class LocalStore(ObjectStore):
         self.close_files()
 
     def get_range_sync(self, key: str, start: int, end: int) -> bytes:
-        fd = self._fd(key)
-        nbytes = end - start
-        if nbytes > _CHECKED_READ_BYTES:
-            # pread allocates what it is asked for before reading; a range derived from
-            # damaged metadata must cost only what the file holds (the short read is caught)
-            nbytes = max(0, min(nbytes, os.fstat(fd).st_size - start))
-        return os.pread(fd, nbytes, start)
+        files, fd = self._acquire(key)
+        try:
+            nbytes = end - start
+            if nbytes > _CHECKED_READ_BYTES:
+                # pread allocates what it is asked for before reading; a range derived from
+                # damaged metadata must cost only what the file holds (the short read is
+                # caught)
+                nbytes = max(0, min(nbytes, os.fstat(fd).st_size - start))
+            return os.pread(fd, nbytes, start)
+        finally:
+            files.release(fd)
 
     def get_suffix_sync(self, key: str, nbytes: int) -> bytes:
-        fd = self._fd(key)
-        size = os.fstat(fd).st_size
-        start = max(0, size - nbytes)
-        return os.pread(fd, size - start, start)
+        files, fd = self._acquire(key)
+        try:
+            size = os.fstat(fd).st_size
+            start = max(0, size - nbytes)
+            return os.pread(fd, size - start, start)
+        finally:
+            files.release(fd)
 
     def get_sync(self, key: str) -> bytes:
-        fd = self._fd(key)
-        return os.pread(fd, os.fstat(fd).st_size, 0)
+        files, fd = self._acquire(key)
+        try:
+            return os.pread(fd, os.fstat(fd).st_size, 0)
+        finally:
+            files.release(fd)
 
     async def get_range(self, key: str, start: int, end: int) -> bytes:
         if end - start <= INLINE_READ_BYTES:
@@ -196,7 +235,7 @@ class LocalStore(ObjectStore):
             with files.lock:  # a cached fd would still point at the replaced file
                 fd = files.fds.pop(key, None)
                 if fd is not None:
-                    os.close(fd)
+                    files.retire(fd)
 
     async def put(self, key: str, data: bytes | memoryview) -> None:
         await asyncio.to_thread(self.put_sync, key, data)

@@ -7,7 +7,9 @@ reproduce (``requester_pays``, SSE-C, a ``profile``, ...) or ``RANGESTREAM_S3_RE
 says so. Both check every answer to a range request the same way (``ranged_body``): the
 status, the ``Content-Range`` of a 206, and at most the bytes asked for of a 200 from a
 server that ignored the range, so a wrong answer can never pass for the bytes asked for.
-Writes, listings and deletes always go through s3fs (``FsspecStore``).
+Listings of keys (``list``, and so ``delete_prefix``'s) take the read path too: the lean
+client's ListObjectsV2 reads only the keys. Writes, deletes and listings with sizes and
+times (``list_details``) always go through s3fs (``FsspecStore``).
 """
 
 from __future__ import annotations
@@ -92,6 +94,19 @@ class S3Store(FsspecStore):
             return True
         # no such object: s3fs also counts a prefix with objects under it as existing
         return await super().exists(key)
+
+    async def list(self, prefix: str) -> list[str]:
+        if not isinstance(self._reads, _LeanReads):
+            return await super().list(prefix)
+        bucket, base = self.bucket_key(prefix)
+        _, root = self.bucket_key("")
+        base, root = base.rstrip("/"), root.rstrip("/")
+        try:
+            keys = await self._reads.list_keys(bucket, f"{base}/" if base else "")
+        except FileNotFoundError:  # no such bucket: nothing under the prefix, as s3fs says
+            return []
+        start = len(root) + 1 if root else 0
+        return sorted(key[start:] for key in keys)
 
     async def aclose(self) -> None:
         await super().aclose()
@@ -203,6 +218,9 @@ class _LeanReads:
 
     async def size(self, key: str) -> int:
         return await (await self.client()).size(*self.store.bucket_key(key))
+
+    async def list_keys(self, bucket: str, prefix: str) -> list[str]:
+        return await (await self.client()).list_keys(bucket, prefix)
 
 
 class _S3fsReads:

@@ -5,9 +5,10 @@ pipeline (parameter validation, event hooks, response parsing) in Python, severa
 the CPU of a bare aiohttp request, and making an s3fs client on a fresh event loop costs far
 more while botocore loads its service models (figures in docs/design.md). On small machines
 that CPU is what limits S3 reads and a DataLoader's time to first batch. ``S3Store`` sends
-its reads (``get_range``, ``get_suffix``, ``get``, ``size``, ``exists``) through
-``S3ReadClient`` and keeps s3fs for writes, listings and deletes; neither s3fs nor
-aiobotocore is imported for reads. Requests are signed by ``rangestream.io.sigv4``.
+its reads (``get_range``, ``get_suffix``, ``get``, ``size``, ``exists``) and its listings
+of keys (``list``) through ``S3ReadClient`` and keeps s3fs for writes, deletes and
+listings with details; neither s3fs nor aiobotocore is imported for reads. Requests are
+signed by ``rangestream.io.sigv4``.
 
 Which storage options it takes, and credentials: ``rangestream.io.s3_options``. On AWS's
 own endpoint a bucket in another region is followed once via the ``x-amz-bucket-region``
@@ -27,6 +28,7 @@ import errno
 import re
 from typing import Any
 from urllib.parse import quote
+from xml.etree import ElementTree
 
 from rangestream.io.retry import ShortReadError, WrongRangeError
 from rangestream.io.s3_options import S3ReadConfig, chain_credentials, static_credentials
@@ -153,6 +155,34 @@ class S3ReadClient:
         _, headers, _ = await self._send("HEAD", bucket, key, {})
         return int(headers["Content-Length"])
 
+    async def list_keys(self, bucket: str, prefix: str, page_size: int | None = None) -> list[str]:
+        """Keys of the objects whose keys start with ``prefix``: ListObjectsV2, every page.
+
+        Only the keys are read from the answer: s3fs parses each entry's timestamp (with
+        dateutil) and builds an info dict per key, ~0.15 ms a key of CPU, which a commit
+        pays for each of its 10^3 or more parts, and again for the objects of the version
+        it retires. ``page_size`` (``max-keys``) is the server's (1,000) unless given.
+        """
+        keys: list[str] = []
+        token: str | None = None
+        while True:
+            query = {"list-type": "2", "prefix": prefix}
+            if page_size is not None:
+                query["max-keys"] = str(page_size)
+            if token is not None:
+                query["continuation-token"] = token
+            _, _, body = await self._send("GET", bucket, "", {}, query=query)
+            page = _listing(body, f"s3://{bucket}/{prefix}")
+            keys += page.keys
+            if not page.truncated:
+                return keys
+            if not page.token:
+                raise S3RequestError(
+                    errno.EIO,
+                    f"s3://{bucket}/{prefix}: a truncated listing without a continuation token",
+                )
+            token = page.token
+
     # -- one request -----------------------------------------------------------------
     def _url(self, bucket: str, key: str) -> tuple[str, str]:
         """(URL, region to sign for) of an object."""
@@ -215,15 +245,22 @@ class S3ReadClient:
         headers: dict[str, str],
         *,
         limit: int | None = None,
+        query: dict[str, str] | None = None,
     ) -> tuple[int, Any, bytes]:
         """(status, headers, body) of a 2xx or 416 answer; raises the s3fs-equivalent error.
 
         ``limit`` bounds the bytes read of a 200 answer (to a range request the server did
         not honour): the rest is never read, so a hostile object cannot exhaust memory.
+        ``query`` is sent URI-encoded as SigV4 signs it (a listing's parameters).
         """
         aiohttp = self._aiohttp
         for redirects in range(2):
             url, region = self._url(bucket, key)
+            if query:
+                url += "?" + "&".join(
+                    f"{quote(name, safe='-_.~')}={quote(value, safe='-_.~')}"
+                    for name, value in sorted(query.items())
+                )
             signed = self._signed(method, url, region, headers)
             try:
                 async with self._session.request(
@@ -265,6 +302,40 @@ class S3ReadClient:
                 continue
             raise _error(status, body, f"s3://{bucket}/{key}")
         raise AssertionError("unreachable")  # pragma: no cover
+
+
+class _ListingPage:
+    """One page of a ListObjectsV2 answer: its keys, and whether (and where) it goes on."""
+
+    def __init__(self, keys: list[str], truncated: bool, token: str | None) -> None:
+        self.keys = keys
+        self.truncated = truncated
+        self.token = token
+
+
+def _listing(body: bytes, where: str) -> _ListingPage:
+    """The keys of a ListObjectsV2 page (``Contents/Key``), namespaced or not.
+
+    Every key, "directory" markers ending in ``/`` included, as s3fs's ``find`` lists them
+    (so ``delete_prefix`` deletes them too).
+    """
+    try:
+        root = ElementTree.fromstring(body)
+    except ElementTree.ParseError as error:
+        raise S3RequestError(errno.EIO, f"{where}: an unreadable listing ({error})") from error
+    keys, truncated, token = [], False, None
+    for child in root:
+        tag = child.tag.rsplit("}", 1)[-1]
+        if tag == "Contents":
+            for field in child:
+                if field.tag.rsplit("}", 1)[-1] == "Key" and field.text:
+                    keys.append(field.text)
+                    break
+        elif tag == "IsTruncated":
+            truncated = (child.text or "").strip() == "true"
+        elif tag == "NextContinuationToken":
+            token = child.text
+    return _ListingPage(keys, truncated, token)
 
 
 async def _read_at_most(response: Any, limit: int) -> bytes:

@@ -11,19 +11,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
-import json
 from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from rangestream.errors import CommitError, DatasetExistsError, MetadataError
+from rangestream.errors import DatasetExistsError, MetadataError
 from rangestream.io.store import ObjectStore
 from rangestream.layout.block import ArrayLayout, encode_block
-from rangestream.layout.manifest import MAX_ROOT_BYTES, ROOT_KEY, Manifest, data_prefix
+from rangestream.layout.manifest import ROOT_KEY, Manifest, data_prefix
 from rangestream.layout.shard_table import SHARD_TABLE
 from rangestream.layout.zarr_json import array_document, dumps, group_document
 from rangestream.storage.appending import check_appendable, extended
+from rangestream.storage.parts import gather_parts, read_part
 from rangestream.storage.root import completed, parse_bounded_root, publish_root, read_root
 from rangestream.storage.store_errors import library_errors
 
@@ -57,29 +57,12 @@ async def commit_session(session: WriteSession) -> Manifest:
         part_keys = sorted(
             key for key in await store.list(f"{session.prefix}/parts") if key.endswith(".json")
         )
-        raws = await _bounded([store.get_range(key, 0, MAX_ROOT_BYTES + 1) for key in part_keys])
-        owners: dict[int, str] = {}
-        shard_lengths: dict[int, dict[str, int]] = {}
-        for key, raw in zip(part_keys, raws, strict=True):
-            part, schema = _parse_part(raw, store.describe(key))
-            if schema is not None:
-                storage = storage._bind_schema(schema, store.describe(key))
-            for shard, lengths in part.items():
-                if shard in owners:
-                    raise CommitError(
-                        f"shard {shard} was written by two writers ({owners[shard]} and "
-                        f"{key}); each shard must have exactly one writer"
-                    )
-                owners[shard] = key
-                shard_lengths[shard] = lengths
+        raws = await _bounded([read_part(store, key) for key in part_keys])
+        storage, parts = gather_parts(storage, part_keys, raws, store.describe)
         if base is not None:
             storage = storage._bind_schema(base.schema, store.describe(ROOT_KEY))
         layouts = storage._array_layouts()
-        ids = np.asarray(sorted(shard_lengths), dtype=np.int64)
-        lengths = {
-            name: np.asarray([shard_lengths[int(s)][name] for s in ids], dtype=np.int64)
-            for name in layouts
-        }
+        ids, lengths = parts.shard_ids, parts.lengths(list(layouts))
         inherited: dict[str, list[int]] = {}
         if base is not None:
             check_appendable(storage, base)
@@ -186,21 +169,3 @@ def _index_puts(
 
 def _column_layout() -> ArrayLayout:
     return ArrayLayout.for_sizes(np.dtype("<i8"), (), chunk_bytes=64 * 1024, block_bytes=1 << 22)
-
-
-def _parse_part(raw: bytes, where: str) -> tuple[dict[int, dict[str, int]], dict[str, Any] | None]:
-    """A part's shard lengths, and the schema its writer bound (``Storage._bind_record``)."""
-    try:
-        if len(raw) > MAX_ROOT_BYTES:
-            raise ValueError(f"larger than the {MAX_ROOT_BYTES}-byte metadata cap")
-        document = json.loads(raw)
-        shards = document["shards"]
-        schema = document.get("schema")
-        if schema is not None and not isinstance(schema, dict):
-            raise TypeError("schema must be an object")
-        return {
-            int(shard): {str(name): int(length) for name, length in lengths.items()}
-            for shard, lengths in shards.items()
-        }, schema
-    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as error:
-        raise CommitError(f"part manifest {where} is unreadable: {error}") from error

@@ -12,7 +12,6 @@ in the library's exception classes.
 from __future__ import annotations
 
 import abc
-import json
 import os
 import re
 import threading
@@ -31,6 +30,7 @@ from rangestream.layout.manifest import Manifest, data_prefix, shard_prefix
 from rangestream.layout.zarr_json import dumps, group_document
 from rangestream.storage.block_uploads import ArrayWriter, Uploader
 from rangestream.storage.commit import commit_session
+from rangestream.storage.parts import part_document
 from rangestream.storage.store_errors import keep_failure, library_errors
 
 if TYPE_CHECKING:
@@ -299,23 +299,23 @@ class DatasetWriter:
 
     def _finish(self) -> None:
         try:
-            shards: dict[str, dict[str, int]] = {}
+            shards: dict[int, dict[str, int]] = {}
             for shard, (_encoder, writers) in sorted(self._shards.items()):
                 lengths = {name: writer.finish(self.storage._array_attributes(name))
                            for name, writer in writers.items()}  # fmt: skip
                 prefix = shard_prefix(self.session.commit_id, shard)
                 self._uploader.put(f"{prefix}/zarr.json", dumps(group_document()))
-                shards[str(shard)] = lengths
+                shards[shard] = lengths
             self._buffered = 0
-            part: dict[str, Any] = {"part_id": self.part_id, "shards": shards}
-            if self.storage is not self.session.storage:
-                part["schema"] = self.storage._schema()  # bound by the first record
+            # bound by the first record, if the kind binds one
+            schema = self.storage._schema() if self.storage is not self.session.storage else None
             # the part says "this writer's data is complete": it must land after the data
             self._uploader.flush()
             if self._spilled:  # every piece has been read back into its block by now
                 self._uploader.delete_prefix(self.spill_prefix)
             self._uploader.put(
-                f"{self.session.prefix}/parts/{self.part_id}.json", json.dumps(part).encode()
+                f"{self.session.prefix}/parts/{self.part_id}.json",
+                part_document(self.part_id, shards, schema),
             )
             self._uploader.flush()
         except BaseException:
