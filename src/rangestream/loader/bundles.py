@@ -20,8 +20,9 @@ from typing import Any
 
 __all__ = ["BUNDLE_BATCHES", "Bundle", "bundled"]
 
-#: Most batches per message after the first (main process CPU per batch of 8 windows of
-#: 2,049 tokens: about 45 us a window alone, 22-28 at four windows' worth per message).
+#: Most batches per message after the first (main-process CPU per window, batches of 8
+#: windows of 2,049 tokens over S3: 40-50 us with one batch per message, about 20 with
+#: bundles of four; ``docs/design.md``).
 BUNDLE_BATCHES = 4
 
 

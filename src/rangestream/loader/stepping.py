@@ -3,7 +3,8 @@
 Workers build stretches of consecutive steps (one range request per stretch in sequential
 order) and tag every batch with its step, so the DataLoader's worker round robin delivers
 e.g. steps 0, 16, 1, 17, ...; batches that arrive early wait here, at most
-``(num_workers - 1) * MAX_STRETCH_STEPS`` of them.
+``(num_workers - 1) * MAX_STRETCH_STEPS`` of them plus a bundle (workers send several
+tagged batches per message: :mod:`rangestream.loader.bundles`).
 
 With a head start (local storage, workers), the first stretch is read in this process on
 the first ``next()``, and the workers are started on the second, from the step after that

@@ -160,12 +160,12 @@ def _stream_builder(kind: str) -> SourceBuilder:
     return build
 
 
-def _shuffle_of_many_sizes(options: SourceOptions, sizes: str) -> str | bool:
+def _temporal_records_shuffle(options: SourceOptions, why: str) -> str | bool:
     """The shuffle of whole temporal records: by record unless told otherwise; records
     are few and large, so there are no runs of them for ``"block"`` to read."""
     if options.shuffle == "block":
         raise LoaderConfigError(
-            f"{sizes}; shuffle='block' reads runs of many small samples: use "
+            f"{why}; shuffle='block' reads runs of many small samples: use "
             "shuffle='window' (the default) or False"
         )
     return "window" if options.shuffle is None else options.shuffle
@@ -227,7 +227,7 @@ def _temporal_records_builder(records: Any, options: SourceOptions) -> SampleSou
         run_windows=options.run_windows,
         buffer_runs=options.buffer_runs,
     )
-    shuffle = _shuffle_of_many_sizes(options, "whole temporal records are few and large")
+    shuffle = _temporal_records_shuffle(options, "whole temporal records are few and large")
     if options.fields is not None:
         records = records.with_fields(options.fields)
     return _indexed(records, options, shuffle)
