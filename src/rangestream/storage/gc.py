@@ -28,7 +28,8 @@ from rangestream.io.object_info import ObjectInfo
 from rangestream.io.process import run_blocking
 from rangestream.io.retry import RetryPolicy
 from rangestream.io.retrying_store import RetryingStore
-from rangestream.io.store import ObjectStore, open_store
+from rangestream.io.store import ObjectStore
+from rangestream.io.stores import open_store
 from rangestream.layout.manifest import MAX_ROOT_BYTES, ROOT_KEY, data_prefix
 from rangestream.layout.manifest_parsing import parse_root
 from rangestream.storage.root import retried, unwrapped

@@ -38,7 +38,8 @@ from rangestream.io.process import run_blocking
 from rangestream.io.range_reader import RangeReader
 from rangestream.io.ranges import ObjectRequest
 from rangestream.io.retry import RetryPolicy
-from rangestream.io.store import ObjectStore, open_store
+from rangestream.io.store import ObjectStore
+from rangestream.io.stores import open_store
 from rangestream.layout.block import ArrayLayout
 from rangestream.layout.executors import RemoteExecutor
 from rangestream.layout.manifest import MAX_ROOT_BYTES, ROOT_KEY, Manifest, data_prefix
