@@ -19,9 +19,14 @@ from rangestream.errors import (
 from rangestream.io.range_reader import RangeReader
 from rangestream.io.store import ObjectStore
 from rangestream.layout.executors import RemoteExecutor
-from rangestream.layout.manifest import MAX_ROOT_BYTES, ROOT_KEY, Manifest, data_prefix
+from rangestream.layout.manifest import (
+    MAX_ROOT_BYTES,
+    ROOT_KEY,
+    Manifest,
+    data_prefix,
+    read_shard_table,
+)
 from rangestream.layout.manifest_parsing import parse_root
-from rangestream.layout.shard_table import read_shard_table
 from rangestream.storage.store_errors import library_errors
 
 
