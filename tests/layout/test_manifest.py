@@ -22,9 +22,9 @@ from rangestream.io.local import LocalStore
 from rangestream.io.range_reader import RangeReader
 from rangestream.layout.block import ArrayLayout, encode_block
 from rangestream.layout.executors import RemoteExecutor
-from rangestream.layout.manifest import Manifest
+from rangestream.layout.manifest import Manifest, read_shard_table
 from rangestream.layout.manifest_parsing import parse_attributes
-from rangestream.layout.shard_table import INLINE_SHARDS, read_shard_table
+from rangestream.layout.shard_table import INLINE_SHARDS
 
 COMMIT = "0123456789abcdef0123456789abcdef"
 INT64 = np.dtype("<i8")

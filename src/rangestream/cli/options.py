@@ -16,7 +16,7 @@ from typing import Any
 
 from rangestream.errors import CommandLineError
 from rangestream.io.retry import RetryPolicy
-from rangestream.io.store import is_local_url
+from rangestream.io.stores import is_local_url
 
 
 def add_location_arguments(parser: argparse.ArgumentParser, *, default_url: str | None) -> None:

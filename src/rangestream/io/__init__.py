@@ -13,7 +13,8 @@ from rangestream.io.ranges import (
 from rangestream.io.retry import RetryPolicy
 from rangestream.io.s3 import S3Store
 from rangestream.io.stats import IOCounter, IOStats, process_io_stats
-from rangestream.io.store import ObjectStore, open_store
+from rangestream.io.store import ObjectStore
+from rangestream.io.stores import open_store
 
 __all__ = [
     "ByteRequest",

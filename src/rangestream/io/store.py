@@ -1,31 +1,26 @@
-"""The object store contract, and the store for a dataset URL.
+"""The object store contract: what every store implements, and the keys it accepts.
 
 Keys are ``/``-separated paths relative to the dataset root. The async methods are the
 contract every store implements; a store whose reads are cheap enough to make without an
 event loop (local files) also offers them synchronously and says so with
-``supports_sync_reads``, as zarr-python's stores opt into sync gets.
+``supports_sync_reads``, as zarr-python's stores opt into sync gets. This module knows no
+implementation (as zarr-python's ``abc/store.py``): the store for a URL is chosen by
+``rangestream.io.stores``, which imports them.
 """
 
 from __future__ import annotations
 
-import os
-import re
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from rangestream.errors import StorageError, UnsafeKeyError
+from rangestream.errors import UnsafeKeyError
 
-__all__ = ["ObjectStore", "check_key", "is_local_url", "open_store"]
+__all__ = ["ObjectStore", "check_key"]
 
 if TYPE_CHECKING:
     from rangestream.io.object_info import ObjectInfo
 
-_LOCAL_PROTOCOLS = {"file", "local"}
-_S3_PROTOCOLS = {"s3", "s3a"}
 _UNSAFE_PARTS = frozenset({"", ".", ".."})
-#: ``scheme:`` followed by something other than ``//``: a mistyped URL (``s3:/bucket/x``)
-#: that would otherwise be taken for a local directory named ``s3:``.
-_SCHEME_WITHOUT_SLASHES = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):(?!//)")
 
 
 def check_key(key: str) -> str:
@@ -176,55 +171,3 @@ class ObjectStore(ABC):
         if current != version:
             raise ConcurrentWriteError(f"{self.describe(key)} changed since it was read")
         await self.put(key, data)
-
-
-def is_local_url(url: str | os.PathLike[str]) -> bool:
-    """Whether ``url`` names a local directory, which :func:`open_store` serves with pread."""
-    if isinstance(url, os.PathLike) or "://" not in str(url):
-        return True
-    return str(url).split("://", 1)[0] in _LOCAL_PROTOCOLS
-
-
-def check_url(url: str) -> None:
-    """Refuse URLs whose scheme is known but whose form is wrong (``s3:/bucket/x``)."""
-    match = _SCHEME_WITHOUT_SLASHES.match(url)
-    if match is None or (len(match.group(1)) == 1 and os.name == "nt"):  # a drive letter
-        return
-    scheme = match.group(1).lower()
-    from fsspec.registry import known_implementations
-
-    if scheme in _LOCAL_PROTOCOLS or scheme in known_implementations:
-        raise StorageError(
-            f"dataset URL {url!r} names the {scheme!r} scheme but lacks its '//': "
-            f"write {scheme}://{url[len(scheme) + 1 :].lstrip('/')}"
-        )
-
-
-def open_store(
-    url: str | os.PathLike[str], storage_options: dict[str, Any] | None = None
-) -> ObjectStore:
-    """The store for a dataset URL: a local path, ``file://``, ``s3://`` or any fsspec URL."""
-    from rangestream.io.local import LocalStore
-
-    if isinstance(url, os.PathLike):
-        return LocalStore(os.fspath(url))
-    if not isinstance(url, str) or not url:
-        raise StorageError(f"a dataset URL must be a non-empty string or path, got {url!r}")
-    check_url(url)
-    if "://" not in url:
-        return LocalStore(url)
-    protocol, rest = url.split("://", 1)
-    if protocol in _LOCAL_PROTOCOLS:
-        return LocalStore(rest)
-    if not rest.strip("/"):
-        raise StorageError(f"dataset URL {url!r} names no bucket or path after {protocol}://")
-    try:
-        if protocol in _S3_PROTOCOLS:
-            from rangestream.io.s3 import S3Store
-
-            return S3Store(url, storage_options)
-        from rangestream.io.fsspec_store import FsspecStore
-
-        return FsspecStore(url, storage_options)
-    except (ValueError, ImportError) as error:
-        raise StorageError(f"no storage backend for URL {url!r}: {error}") from error

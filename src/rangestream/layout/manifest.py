@@ -15,6 +15,7 @@ treats every root as untrusted input).
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,7 @@ import numpy as np
 from rangestream.errors import CorruptDataError, MetadataError
 from rangestream.layout.block import ArrayLayout
 from rangestream.layout.manifest_checks import check_ids, check_inherited_shards, check_lengths
+from rangestream.layout.pieces import RowRead, StoredArray
 from rangestream.layout.shard_table import (
     SHARD_ID_COLUMN,
     SHARD_TABLE,
@@ -231,3 +233,24 @@ class Manifest:
 
     def root_document(self) -> dict[str, Any]:
         return group_document({"rangestream": self.to_attributes()})
+
+
+def read_shard_table(
+    manifest: Manifest, describe: Any = str
+) -> Generator[list[RowRead], Any, Manifest]:
+    """A read program (``layout.executors``) completing ``manifest`` from ``index/shards``.
+
+    One row read of the whole table: one request per 4 MiB block of it, in one round, the
+    rows checked (``Manifest.with_table``). A complete manifest is returned as it is.
+    """
+    if manifest.complete:
+        return manifest
+    count = manifest.num_shards
+    array = StoredArray(manifest.table_key, manifest.table_layout, count, "shards")
+    read = RowRead.whole(array, 0, count, np.dtype("<i8"))
+    if count:
+        yield [read]
+        rows = read.target.reshape(count, -1)
+    else:
+        rows = np.empty((0, 1 + len(manifest.arrays)), dtype=np.int64)
+    return manifest.with_table(rows, describe(manifest.table_key))

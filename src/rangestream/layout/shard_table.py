@@ -5,21 +5,20 @@ small dataset opens with one request. Beyond, it holds their count and totals, a
 per-shard rows live in one int64 array (``index/shards``: 8 bytes per shard and array,
 read at open with one more request per 4 MiB) instead of a JSON list parsed number by
 number: 10^5 shards open in milliseconds and a few megabytes instead of 157 ms and 41 MB.
+
+This module is the table's form (where it is, its layout, when a root lists the shards
+instead, the root's description of it); the read that completes a ``Manifest`` from it is
+``manifest.read_shard_table``, beside ``Manifest.with_table``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from rangestream.layout.block import ArrayLayout
 from rangestream.layout.manifest_checks import MAX_SHARDS, MAX_TOTAL_ROWS, require
-from rangestream.layout.pieces import RowRead, StoredArray
-
-if TYPE_CHECKING:
-    from rangestream.layout.manifest import Manifest
 
 #: Up to this many shards the root lists them (one request opens the dataset); beyond, the
 #: per-shard rows are read from ``index/shards`` (one more request per 4 MiB of them).
@@ -40,27 +39,6 @@ def shard_table_layout(arrays: int) -> ArrayLayout:
     return ArrayLayout.for_sizes(
         np.dtype("<i8"), (1 + arrays,), chunk_bytes=64 * 1024, block_bytes=4 * 1024 * 1024
     )
-
-
-def read_shard_table(
-    manifest: Manifest, describe: Any = str
-) -> Generator[list[RowRead], Any, Manifest]:
-    """A read program (``layout.executors``) completing ``manifest`` from ``index/shards``.
-
-    One row read of the whole table: one request per 4 MiB block of it, in one round, the
-    rows checked (``Manifest.with_table``). A complete manifest is returned as it is.
-    """
-    if manifest.complete:
-        return manifest
-    count = manifest.num_shards
-    array = StoredArray(manifest.table_key, manifest.table_layout, count, "shards")
-    read = RowRead.whole(array, 0, count, np.dtype("<i8"))
-    if count:
-        yield [read]
-        rows = read.target.reshape(count, -1)
-    else:
-        rows = np.empty((0, 1 + len(manifest.arrays)), dtype=np.int64)
-    return manifest.with_table(rows, describe(manifest.table_key))
 
 
 def table_shards(

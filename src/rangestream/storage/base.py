@@ -21,7 +21,8 @@ from rangestream.io.local import LocalStore
 from rangestream.io.process import run_blocking
 from rangestream.io.retry import RetryPolicy
 from rangestream.io.retrying_store import RetryingStore
-from rangestream.io.store import ObjectStore, is_local_url, open_store
+from rangestream.io.store import ObjectStore
+from rangestream.io.stores import is_local_url, open_store
 from rangestream.layout.block import ArrayLayout
 from rangestream.layout.dtypes import little_endian
 from rangestream.layout.manifest import ROOT_KEY, Manifest

@@ -28,10 +28,10 @@ from rangestream.io.object_info import ObjectInfo
 from rangestream.io.process import run_blocking
 from rangestream.io.retry import RetryPolicy
 from rangestream.io.retrying_store import RetryingStore
-from rangestream.io.store import ObjectStore, open_store
+from rangestream.io.store import ObjectStore
+from rangestream.io.stores import open_store
 from rangestream.layout.manifest import MAX_ROOT_BYTES, ROOT_KEY, data_prefix
 from rangestream.layout.manifest_parsing import parse_root
-from rangestream.storage.root import retried, unwrapped
 from rangestream.storage.store_errors import library_errors
 
 __all__ = [
@@ -208,14 +208,10 @@ async def find_orphans(
     report = GarbageReport(url=str(url), grace=grace)
     report.committed, report.previous, kept = await _live_versions(store)
     live = {data_prefix(c) for c in kept}
-    lister = unwrapped(store)
-    prefixes = await retried(store, "list", lambda: lister.list_prefixes("data"), "data")
-    for prefix in prefixes:
+    for prefix in await store.list_prefixes("data"):
         if not _VERSION.match(prefix) or prefix in live:
             continue
-        objects = await retried(
-            store, "list", lambda prefix=prefix: lister.list_details(prefix), prefix
-        )
+        objects = await store.list_details(prefix)
         if not objects:  # an empty "directory" some stores keep after deletions
             continue
         orphan = _orphan(prefix, objects)

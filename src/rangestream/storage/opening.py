@@ -29,10 +29,9 @@ from rangestream.io.stats import IOStats
 from rangestream.io.store import ObjectStore
 from rangestream.layout.block import ArrayLayout
 from rangestream.layout.executors import MappedExecutor, Program, RemoteExecutor
-from rangestream.layout.manifest import MAX_ROOT_BYTES, ROOT_KEY, Manifest
+from rangestream.layout.manifest import MAX_ROOT_BYTES, ROOT_KEY, Manifest, read_shard_table
 from rangestream.layout.manifest_parsing import parse_root
 from rangestream.layout.pieces import StoredArray
-from rangestream.layout.shard_table import read_shard_table
 
 if TYPE_CHECKING:
     from rangestream.storage.base import Storage

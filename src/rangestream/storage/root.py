@@ -9,9 +9,6 @@ learns it (``CommitConflictError``) instead of reporting a success nobody can re
 from __future__ import annotations
 
 import contextlib
-import random
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
 
 from rangestream.errors import (
     CommitConflictError,
@@ -20,16 +17,17 @@ from rangestream.errors import (
     MetadataError,
 )
 from rangestream.io.range_reader import RangeReader
-from rangestream.io.retry import retrying
-from rangestream.io.retrying_store import RetryingStore
 from rangestream.io.store import ObjectStore
 from rangestream.layout.executors import RemoteExecutor
-from rangestream.layout.manifest import MAX_ROOT_BYTES, ROOT_KEY, Manifest, data_prefix
+from rangestream.layout.manifest import (
+    MAX_ROOT_BYTES,
+    ROOT_KEY,
+    Manifest,
+    data_prefix,
+    read_shard_table,
+)
 from rangestream.layout.manifest_parsing import parse_root
-from rangestream.layout.shard_table import read_shard_table
 from rangestream.storage.store_errors import library_errors
-
-T = TypeVar("T")
 
 
 async def read_committed(store: ObjectStore) -> tuple[bool, Manifest | None]:
@@ -58,32 +56,10 @@ async def completed(store: ObjectStore, manifest: Manifest) -> Manifest:
     return await RemoteExecutor(reader, verify=True).run(read_shard_table(manifest, store.describe))
 
 
-def unwrapped(store: ObjectStore) -> ObjectStore:
-    """The store whose own methods count: a ``RetryingStore``'s inner one.
-
-    ``RetryingStore`` retries the basic calls; for conditional writes and listings with
-    sizes the inner store's implementation is the real one, retried with ``retried``.
-    """
-    return store.inner if isinstance(store, RetryingStore) else store
-
-
-async def retried(
-    store: ObjectStore, what: str, call: Callable[[], Awaitable[T]], key: str = ROOT_KEY
-) -> T:
-    """``call()`` with the retries of ``store`` if it is a ``RetryingStore``."""
-    if isinstance(store, RetryingStore):
-        where = f"{what} {store.describe(key)}"
-        return await retrying(store.policy, random.Random(), lambda _attempt: call(), where)
-    return await call()
-
-
 async def read_root(store: ObjectStore) -> tuple[bytes | None, str | None]:
     """The root document (at most the cap and one byte) and its version; ``None``s if absent."""
-    target = unwrapped(store)
     try:
-        return await retried(
-            store, "get", lambda: target.get_versioned(ROOT_KEY, MAX_ROOT_BYTES + 1)
-        )
+        return await store.get_versioned(ROOT_KEY, MAX_ROOT_BYTES + 1)
     except FileNotFoundError:
         return None, None
 
@@ -99,15 +75,13 @@ async def publish_root(
     store that ignores the condition, or the check-then-write race) is caught there.
     Raises ``CommitConflictError`` naming the version that won.
     """
-    target, refused = unwrapped(store), False
+    refused = False
     try:
-        await retried(
-            store,
-            "put",
-            lambda: target.put_if_version(ROOT_KEY, document, version, MAX_ROOT_BYTES + 1),
-        )
+        # a retried write whose first attempt went through is not refused: the store's
+        # retries read it back (``RetryingStore.put_if_version``)
+        await store.put_if_version(ROOT_KEY, document, version, MAX_ROOT_BYTES + 1)
     except ConcurrentWriteError:
-        refused = True  # or a retried write whose first attempt went through: read back
+        refused = True
     found, _ = await read_root(store)
     if found == document:
         return

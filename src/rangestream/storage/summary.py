@@ -17,7 +17,7 @@ from rangestream.io.process import run_blocking
 from rangestream.io.range_reader import RangeReader
 from rangestream.io.ranges import ObjectRequest
 from rangestream.io.retry import RetryPolicy
-from rangestream.io.store import open_store
+from rangestream.io.stores import open_store
 from rangestream.layout.dtypes import dtype_from_json
 from rangestream.layout.manifest import (
     MAX_ROOT_BYTES,

@@ -38,13 +38,19 @@ from rangestream.io.process import run_blocking
 from rangestream.io.range_reader import RangeReader
 from rangestream.io.ranges import ObjectRequest
 from rangestream.io.retry import RetryPolicy
-from rangestream.io.store import ObjectStore, open_store
+from rangestream.io.store import ObjectStore
+from rangestream.io.stores import open_store
 from rangestream.layout.block import ArrayLayout
 from rangestream.layout.executors import RemoteExecutor
-from rangestream.layout.manifest import MAX_ROOT_BYTES, ROOT_KEY, Manifest, data_prefix
+from rangestream.layout.manifest import (
+    MAX_ROOT_BYTES,
+    ROOT_KEY,
+    Manifest,
+    data_prefix,
+    read_shard_table,
+)
 from rangestream.layout.manifest_parsing import parse_root
 from rangestream.layout.pieces import RowRead, StoredArray
-from rangestream.layout.shard_table import read_shard_table
 from rangestream.storage.gc import find_orphans
 from rangestream.storage.store_errors import library_errors
 from rangestream.storage.verify_blocks import Block, OffsetCheck, offset_checks, scan_blocks
