@@ -31,8 +31,8 @@ from rangestream.io.retrying_store import RetryingStore
 from rangestream.io.store import ObjectStore, open_store
 from rangestream.layout.manifest import MAX_ROOT_BYTES, ROOT_KEY, data_prefix
 from rangestream.layout.manifest_parsing import parse_root
-from rangestream.storage.root import retried, unwrapped
-from rangestream.storage.store_errors import library_errors
+from rangestream.storage.core.root import retried, unwrapped
+from rangestream.storage.core.store_errors import library_errors
 
 __all__ = [
     "DEFAULT_GRACE_SECONDS",

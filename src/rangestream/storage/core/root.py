@@ -27,7 +27,7 @@ from rangestream.layout.executors import RemoteExecutor
 from rangestream.layout.manifest import MAX_ROOT_BYTES, ROOT_KEY, Manifest, data_prefix
 from rangestream.layout.manifest_parsing import parse_root
 from rangestream.layout.shard_table import read_shard_table
-from rangestream.storage.store_errors import library_errors
+from rangestream.storage.core.store_errors import library_errors
 
 T = TypeVar("T")
 
