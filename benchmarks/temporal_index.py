@@ -47,8 +47,8 @@ PARTS = ("scale", "overfetch", "hot", "willneed", "draws", "worker")
 
 # -- scale -----------------------------------------------------------------------------------
 def _bulk_storage_class() -> type:
+    from rangestream.storage.core.kind import ShardEncoder
     from rangestream.storage.temporal.schema import RECORD_ROWS, TemporalSchema
-    from rangestream.storage.writing import ShardEncoder
 
     class BulkEncoder(ShardEncoder):
         def __init__(self, schema: Any) -> None:
@@ -62,12 +62,12 @@ def _bulk_storage_class() -> type:
             return {self.array: values, RECORD_ROWS: np.stack([ends - counts, ends], axis=1)}
 
     class Bulk(TemporalArrayStorage):
-        def _bind_record(self, data: Any) -> Any:
+        def bind_record(self, data: Any) -> Any:
             bound = copy.copy(self)
             bound._bound = TemporalSchema.from_record({"x": np.zeros(1, np.uint8)})
             return bound
 
-        def _shard_encoder(self) -> Any:
+        def shard_encoder(self) -> Any:
             return BulkEncoder(self._bound)
 
     return Bulk

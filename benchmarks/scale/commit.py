@@ -45,7 +45,7 @@ def prepare(url: str, parts: int, options: dict[str, Any], part_format: int = 2)
             first = {"part_id": f"p{part}", "shards": {str(s): lengths for s in shards}}
             document = json.dumps(first).encode()
         else:
-            from rangestream.storage.parts import part_document
+            from rangestream.storage.core.parts import part_document
 
             document = part_document(f"p{part}", {s: lengths for s in shards})
         harness.put(storage, f"{session.prefix}/parts/p{part}.json", document)

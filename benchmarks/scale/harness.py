@@ -215,7 +215,7 @@ def write_claimed(
 def put(target: Any, key: str, data: bytes) -> None:
     from rangestream.io.process import run_blocking
 
-    store = target._new_write_store()
+    store = target.new_write_store()
 
     async def go() -> None:
         try:

@@ -35,7 +35,7 @@ def write(path: Path, blocks: int) -> tuple[int, Path]:
     storage = harness.storage("stream", str(path / "ds"), block_bytes=BLOCK_BYTES)
     raw = path / "tokens.i4"
     if not (path / "ds" / "zarr.json").exists():
-        tokens_per_block = storage._array_layouts()["stream"].block_rows
+        tokens_per_block = storage.array_layouts()["stream"].block_rows
         total = blocks * tokens_per_block + WINDOW
         with storage.sync_writer(overwrite=True) as writer, open(raw, "wb") as out:
             step = 1 << 20
@@ -43,7 +43,7 @@ def write(path: Path, blocks: int) -> tuple[int, Path]:
                 tokens = np.arange(start, min(total, start + step), dtype="<i4")
                 writer.append(0, {"t": tokens})
                 out.write(tokens.tobytes())
-    return storage._array_layouts()["stream"].block_rows, raw
+    return storage.array_layouts()["stream"].block_rows, raw
 
 
 def measure(path: str, working_sets: list[int], passes: int) -> dict:
@@ -51,7 +51,7 @@ def measure(path: str, working_sets: list[int], passes: int) -> dict:
 
     root = Path(path)
     storage = harness.storage("stream", str(root / "ds"), block_bytes=BLOCK_BYTES)
-    block_rows = storage._array_layouts()["stream"].block_rows
+    block_rows = storage.array_layouts()["stream"].block_rows
     tokens = np.memmap(root / "tokens.i4", dtype="<i4", mode="r")
     dataset = StreamDataset(storage, WINDOW - 1, next_token=True, stride=1)
     rng = np.random.default_rng(0)

@@ -76,7 +76,7 @@ def measure(url: str, shards: int, budget: int | None) -> dict:
 
 
 def run(label: str, quick: bool) -> dict:
-    from rangestream.storage.writing import DatasetWriter
+    from rangestream.storage.core.writing import DatasetWriter
 
     budgets: list[int | None] = [None]
     if "max_buffered_bytes" in inspect.signature(DatasetWriter.__init__).parameters:

@@ -12,7 +12,7 @@ import pytest
 
 from rangestream import StreamNumpyFormat, StreamStorage
 from rangestream.errors import StorageError, UnsafeKeyError
-from rangestream.storage.verify import verify_dataset
+from rangestream.storage.maintenance.verify import verify_dataset
 
 TOKENS = np.dtype([("tokens", "<i4")])
 

@@ -45,7 +45,7 @@ def written(root: Path) -> np.ndarray:
 def storage_on(server: FakeS3, reads: str) -> StreamStorage:
     storage = StreamStorage(server.url("ds"), StreamNumpyFormat(TOKENS), retry=FAST,
                             storage_options=server.storage_options())  # fmt: skip
-    store = storage._new_store()
+    store = storage.new_store()
     assert isinstance(store, S3Store) and isinstance(store._reads, _LeanReads) == (reads == "lean")
     return storage
 

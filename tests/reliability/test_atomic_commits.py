@@ -23,7 +23,7 @@ from support.s3 import Location
 from rangestream import StreamStorage
 from rangestream.errors import DatasetNotFoundError, MissingObjectError
 from rangestream.io import FsspecStore, LocalStore, S3Store
-from rangestream.storage.verify import verify_dataset
+from rangestream.storage.maintenance.verify import verify_dataset
 
 from .datasets import SMALL, token_ground_truth, tokens_storage, write_tokens
 

@@ -44,7 +44,7 @@ from rangestream.layout.checksums import check_span, crc32c
 from rangestream.layout.dtypes import dtype_from_json
 from rangestream.layout.manifest_parsing import parse_root
 from rangestream.layout.pieces import indexed_spans
-from rangestream.storage.verify import verify_dataset
+from rangestream.storage.maintenance.verify import verify_dataset
 from testkit import S3Endpoint
 
 from .datasets import SMALL, BytesFormat, RawObjects, tokens_storage, write_documents, write_tokens
@@ -474,7 +474,7 @@ def test_credentials_never_appear_in_reprs_errors_or_logs(
     ):
         storage = StreamStorage(s3_url.url, tokens_storage(s3_url.url).storage_format,
                                 storage_options=options, retry=policy)  # fmt: skip
-        assert_secret_absent(repr(storage), str(storage), repr(storage._new_store()))
+        assert_secret_absent(repr(storage), str(storage), repr(storage.new_store()))
         with pytest.raises(StorageError) as caught:
             storage.sync_reader().__enter__()
         assert isinstance(caught.value, expected) or isinstance(caught.value.__cause__, expected)

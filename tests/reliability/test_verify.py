@@ -13,7 +13,7 @@ from support.s3 import Location
 
 from rangestream.cli.main import main
 from rangestream.layout.block import encode_block
-from rangestream.storage.verify import verify_dataset
+from rangestream.storage.maintenance.verify import verify_dataset
 
 from .datasets import SMALL, RawObjects, tokens_storage, write_documents, write_tokens
 
@@ -263,7 +263,7 @@ def test_every_bad_inner_chunk_of_a_block_is_reported_in_runs(
 def test_the_manifest_read_is_bounded_by_the_metadata_cap(
     tokens: RawObjects, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rangestream.storage import verify as verify_module
+    from rangestream.storage.maintenance import verify as verify_module
 
     with open(Path(tokens.url) / "zarr.json", "r+b") as handle:
         handle.truncate(64 << 20)  # sparse: costs no disk
@@ -329,7 +329,7 @@ def test_blocks_larger_than_a_piece_are_checked_piece_by_piece(
     capsys: pytest.CaptureFixture[str],
     chunk_bytes: int,
 ) -> None:
-    from rangestream.storage import verify_blocks
+    from rangestream.storage.maintenance import verify_blocks
 
     layout = {"chunk_bytes": chunk_bytes, "block_bytes": 64 << 10}
     write_tokens(str(tmp_path / "ds"), seed=4, tokens_per_shard=40_000, **layout)

@@ -1,6 +1,6 @@
 """mode="append": new shards as a new version; the old shards are read where they were written.
 
-(``storage/appending.py``'s append checks and ``storage/commit.py``'s append commits,
+(``storage/core/appending.py``'s append checks and ``storage/core/commit.py``'s append commits,
 with ``layout/manifest.py``'s ``inherited``.)
 """
 
@@ -25,8 +25,8 @@ from rangestream import (
     TemporalArrayStorage,
 )
 from rangestream.errors import CommitConflictError, DatasetExistsError, SchemaMismatchError
-from rangestream.storage.gc import collect_garbage
-from rangestream.storage.verify import verify_dataset
+from rangestream.storage.maintenance.gc import collect_garbage
+from rangestream.storage.maintenance.verify import verify_dataset
 
 TOKENS = np.dtype([("t", "<i4")])
 SMALL = {"chunk_bytes": 64, "block_bytes": 1024}

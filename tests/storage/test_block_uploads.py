@@ -51,7 +51,7 @@ def test_spilled_pieces_cost_a_put_each_and_a_get_each_when_their_block_is_assem
 def _keys(storage: StreamStorage) -> list[str]:
     from rangestream.io.process import run_blocking
 
-    store = storage._new_write_store()
+    store = storage.new_write_store()
 
     async def listing() -> list[str]:
         try:

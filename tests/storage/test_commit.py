@@ -17,10 +17,10 @@ from rangestream.errors import (
     CommitConflictError,
     CommitError,
 )
-from rangestream.storage import commit, writing
-from rangestream.storage import parts as part_manifests
-from rangestream.storage import root as root_module
-from rangestream.storage.gc import collect_garbage
+from rangestream.storage.core import commit, writing
+from rangestream.storage.core import parts as part_manifests
+from rangestream.storage.core import root as root_module
+from rangestream.storage.maintenance.gc import collect_garbage
 from testkit import LatencyProxy
 
 TOKENS = np.dtype([("t", "<i4")])

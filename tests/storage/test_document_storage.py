@@ -399,7 +399,7 @@ def test_shuffled_reads_cost_a_request_per_document_and_one_per_offsets_chunk_fi
 def test_kept_offsets_stay_within_their_budget_and_evicted_ones_are_read_again(
     tmp_path: Path,
 ) -> None:
-    from rangestream.storage.offset_chunks import OffsetChunks
+    from rangestream.storage.document.offset_chunks import OffsetChunks
 
     budget = 5 * OffsetChunks(0, 128).slot_nbytes  # room for five chunks of offsets
     storage = DocumentStorage(tmp_path / "docs", RawBytes(), offsets_cache_bytes=budget)
@@ -419,7 +419,7 @@ def test_kept_offsets_stay_within_their_budget_and_evicted_ones_are_read_again(
 
 def test_offsets_that_decrease_are_reported_not_kept(tmp_path: Path) -> None:
     from rangestream.errors import CorruptDataError
-    from rangestream.storage.offset_chunks import OffsetChunks
+    from rangestream.storage.document.offset_chunks import OffsetChunks
 
     kept = OffsetChunks(1 << 20, 4)
     kept.put(1, np.asarray([10, 20, 15, 30], dtype=np.int64))  # damaged: not kept

@@ -18,7 +18,7 @@ from support.s3 import Location
 
 from rangestream import StreamNumpyFormat, StreamStorage
 from rangestream.errors import MetadataError
-from rangestream.storage.gc import collect_garbage
+from rangestream.storage.maintenance.gc import collect_garbage
 
 TOKENS = np.dtype([("t", "<i4")])
 #: Small blocks, so that a killed write has uploaded whole blocks before it dies.

@@ -197,7 +197,7 @@ def test_a_sync_reader_released_keeps_its_version_and_reads_on(tmp_path: Path) -
 
 
 def test_shard_ids_find_positions_by_arithmetic_or_bisection() -> None:
-    from rangestream.storage.opening import ShardIds
+    from rangestream.storage.core.opening import ShardIds
 
     dense, sparse = ShardIds(np.arange(5)), ShardIds(np.asarray([0, 2, 7]))
     assert [dense.position(s) for s in (0, 4, 5, -1)] == [0, 4, None, None]

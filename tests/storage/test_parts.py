@@ -14,9 +14,9 @@ import pytest
 from rangestream import StreamNumpyFormat, StreamStorage, TemporalArrayStorage
 from rangestream.errors import CommitError, SchemaMismatchError
 from rangestream.io.local import LocalStore
-from rangestream.storage import parts as part_manifests
-from rangestream.storage.parts import part_document
-from rangestream.storage.writing import WriteSession
+from rangestream.storage.core import parts as part_manifests
+from rangestream.storage.core.parts import part_document
+from rangestream.storage.core.writing import WriteSession
 
 TOKENS = np.dtype([("t", "<i4")])
 ARRAYS = ("stream", "record_ends")
@@ -235,13 +235,13 @@ def test_parts_of_one_schema_bind_it_once(tmp_path: Path, monkeypatch: pytest.Mo
         with session.sync_writer(part_id=f"p{shard}") as writer:
             writer.append(shard, frames("<f4"))
     binds = Counter[str]()
-    bind = TemporalArrayStorage._bind_schema
+    bind = TemporalArrayStorage.bind_schema
 
     def counted(self: TemporalArrayStorage, schema: dict[str, Any], where: str) -> Any:
         binds[where] += 1
         return bind(self, schema, where)
 
-    monkeypatch.setattr(TemporalArrayStorage, "_bind_schema", counted)
+    monkeypatch.setattr(TemporalArrayStorage, "bind_schema", counted)
     session.commit()
     assert sum(binds.values()) == 1
     with storage.sync_reader() as reader:

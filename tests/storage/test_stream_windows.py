@@ -13,7 +13,7 @@ from support.s3 import Location
 from support.streams import SMALL, TOKENS, ShardTagFormat, ground_truth, make_records, write
 
 from rangestream import StreamNumpyFormat, StreamStorage
-from rangestream.storage.stream_windows import run_of
+from rangestream.storage.stream.windows import run_of
 
 
 @settings(

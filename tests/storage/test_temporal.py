@@ -471,7 +471,7 @@ class CountingStore(LocalStore):
 
 
 class CountingStorage(TemporalArrayStorage):
-    def _new_store(self) -> ObjectStore:
+    def new_store(self) -> ObjectStore:
         self.store = CountingStore(self.url)
         return self.store
 
@@ -967,7 +967,7 @@ def test_threads_reading_while_the_bounded_cache_drops_blocks_get_exact_windows(
         results = list(pool.map(read, windows))
     for (record, start, frames), got in zip(windows, results, strict=True):
         assert_window(got, EXPECTED[record], start, frames, ["features", "pose"])
-    opened = storage._default_opening.opened.value
+    opened = storage.default_opening.opened.value
     assert opened is not None and len(opened.mapped.maps) <= 3
 
 
@@ -1020,7 +1020,7 @@ def test_a_string_where_a_field_group_is_expected_is_a_value_error(
 
 
 def _mapped_in_use(storage: TemporalArrayStorage) -> bool:
-    opened = storage._default_opening.opened.value
+    opened = storage.default_opening.opened.value
     assert opened is not None
     return opened.mapped is not None
 
@@ -1029,7 +1029,7 @@ def _mapped_in_use(storage: TemporalArrayStorage) -> bool:
 def test_mapped_reads_can_be_switched_off_and_windows_come_from_pread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, switch: str
 ) -> None:
-    from rangestream.storage.options import ReadOptions
+    from rangestream.storage.core.options import ReadOptions
 
     write(str(tmp_path / "ds"))
     preads: list[str] = []

@@ -83,7 +83,7 @@ def test_random_windows_equal_numpy_and_the_cache_stays_within_its_budget(
         spent = (storage.stats - before).by_key_kind.get("record_rows", 0)
         assert spent == (1 if cold else 0), (record, seen[-3:])
         index_requests += spent
-    opened = storage._default_opening.opened.value
+    opened = storage.default_opening.opened.value
     assert opened is not None
     assert len(opened.index.chunks) <= 2
     assert opened.index.cached_nbytes <= 2 * PER_CHUNK * 24
@@ -153,7 +153,7 @@ def _windows_in_child(path: str, records: list[int], queue: Any) -> None:
     for record in records:
         storage.read_window(record, 0, 1)
     held, _peak = tracemalloc.get_traced_memory()
-    opened = storage._default_opening.opened.value
+    opened = storage.default_opening.opened.value
     queue.put((held, opened.index.cached_nbytes, storage.stats.by_key_kind))
 
 

@@ -15,7 +15,7 @@ from rangestream.errors import (
     AccessDeniedError,
     StorageError,
 )
-from rangestream.storage.gc import collect_garbage
+from rangestream.storage.maintenance.gc import collect_garbage
 from testkit import FaultConfig, FaultKind, LatencyProxy, S3Endpoint
 
 TOKENS = np.dtype([("t", "<i4")])

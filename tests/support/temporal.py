@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from rangestream import TemporalArrayStorage
+from rangestream.storage.core.kind import ShardEncoder
 from rangestream.storage.temporal.schema import RECORD_ROWS, TemporalSchema
-from rangestream.storage.writing import ShardEncoder
 
 #: The one field of a bulk record: a byte per frame, ``frame % 251``.
 FIELD = "x"
@@ -41,14 +41,14 @@ class BulkTemporalStorage(TemporalArrayStorage):
     entry of ``frames``, each a field ``x`` (uint8) whose frame ``f`` of the shard holds
     ``f % 251`` (records back to back, no padding)."""
 
-    def _bind_record(self, data: Any) -> TemporalArrayStorage:
+    def bind_record(self, data: Any) -> TemporalArrayStorage:
         if self._bound is not None:
             return self
         bound = copy.copy(self)
         bound._bound = TemporalSchema.from_record({FIELD: np.zeros(1, dtype=np.uint8)})
         return bound
 
-    def _shard_encoder(self) -> ShardEncoder:
+    def shard_encoder(self) -> ShardEncoder:
         assert self._bound is not None
         return _BulkEncoder(self._bound)
 

@@ -20,7 +20,7 @@ _SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def register(commands: Any) -> None:
-    from rangestream.storage.gc import DEFAULT_GRACE_SECONDS
+    from rangestream.storage.maintenance.gc import DEFAULT_GRACE_SECONDS
 
     parser = commands.add_parser(
         "gc",
@@ -47,7 +47,7 @@ def parse_duration(text: str) -> float:
 
 
 def run(arguments: argparse.Namespace) -> int:
-    from rangestream.storage.gc import collect_garbage
+    from rangestream.storage.maintenance.gc import collect_garbage
 
     report = collect_garbage(
         dataset_url(arguments),

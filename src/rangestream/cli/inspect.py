@@ -25,7 +25,7 @@ def register(commands: Any) -> None:
 
 
 def run(arguments: argparse.Namespace) -> int:
-    from rangestream.storage.summary import summarize_dataset
+    from rangestream.storage.maintenance.summary import summarize_dataset
 
     summary = summarize_dataset(
         dataset_url(arguments), storage_options(arguments), retry=retry_policy(arguments)

@@ -1,7 +1,7 @@
 """``rangestream verify URL``: scan a dataset for damage; exit 1 if any is found.
 
 Reads check only the chunks they touch; this reads every block of the committed version
-and checks every checksum and index invariant (see ``rangestream.storage.verify``), with
+and checks every checksum and index invariant (see ``rangestream.storage.maintenance.verify``), with
 a progress bar on stderr and a report on stdout.
 """
 
@@ -37,7 +37,7 @@ def register(commands: Any) -> None:
 def run(arguments: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from rangestream.storage.verify import verify_dataset
+    from rangestream.storage.maintenance.verify import verify_dataset
 
     url = dataset_url(arguments)
     if arguments.concurrency < 1:

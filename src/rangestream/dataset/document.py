@@ -40,7 +40,7 @@ class DocumentDataset:
 
     def __len__(self) -> int:
         """Documents in the dataset (opens it in this process, once, if needed)."""
-        return int(self.storage._default_opening.get_sync().num_documents)
+        return int(self.storage.default_opening.get_sync().num_documents)
 
     def __bool__(self) -> bool:  # a description: a truth test must not open it
         return True
@@ -59,7 +59,7 @@ class DocumentDataset:
         ``4 MiB // span`` documents, about 4 MiB each; their sizes vary, so a run's bytes
         vary around that.
         """
-        opened = self.storage._default_opening.get_sync()
+        opened = self.storage.default_opening.get_sync()
         heap = opened.manifest.totals["payload_heap"]  # uint8 rows: bytes
         return max(1, -(-int(heap) // max(1, int(opened.num_documents))))
 

@@ -93,7 +93,7 @@ class StreamDataset:
 
     def __len__(self) -> int:
         """Windows in the dataset (opens it in this process, once, if needed)."""
-        return self.num_windows(self.storage._default_opening.get_sync().total_length)
+        return self.num_windows(self.storage.default_opening.get_sync().total_length)
 
     def __bool__(self) -> bool:  # a description: a truth test must not open it
         return True

@@ -29,9 +29,9 @@ from rangestream.errors import (
 )
 from rangestream.io.process import run_blocking
 from rangestream.layout.manifest import Manifest, data_prefix
-from rangestream.storage.base import Storage
-from rangestream.storage.root import read_committed
-from rangestream.storage.writing import WriteSession, write_mode
+from rangestream.storage.core.base import Storage
+from rangestream.storage.core.root import read_committed
+from rangestream.storage.core.writing import WriteSession, write_mode
 
 __all__ = ["SESSION_KEY", "Resumable", "begin", "finish", "part_id"]
 
@@ -75,7 +75,7 @@ def begin(
     mode = write_mode(overwrite, mode)
 
     async def run() -> Resumable:
-        store = storage._new_write_store()
+        store = storage.new_write_store()
         try:
             exists, committed = await read_committed(store)
             if exists and mode == "create":
@@ -92,7 +92,7 @@ def begin(
                     )
                 check_same_origin(storage, committed)
                 base = committed
-            writing = storage if base is None else storage._appending(base)
+            writing = storage if base is None else storage.appending_to(base)
             previous = None
             try:
                 previous = json.loads(await store.get(SESSION_KEY))
@@ -126,7 +126,7 @@ def begin(
                 return Resumable(session, done, True)
             if valid:
                 await store.delete_prefix(data_prefix(str(commit_id)))
-            from rangestream.storage.writing import new_session
+            from rangestream.storage.core.writing import new_session
 
             session = new_session(writing, overwrite, base)
             document = {
@@ -167,7 +167,7 @@ def finish(storage: Storage) -> None:
     """Forget the session file once the dataset is committed."""
 
     async def run() -> None:
-        store = storage._new_write_store()
+        store = storage.new_write_store()
         try:
             await store.delete_prefix(SESSION_PREFIX)
         finally:

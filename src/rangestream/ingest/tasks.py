@@ -27,7 +27,7 @@ from rangestream.ingest.preset import Outcome
 from rangestream.ingest.session import part_id, rejects_key
 from rangestream.ingest.summary import Progress, SplitResult
 from rangestream.io.process import run_blocking
-from rangestream.storage.writing import WriteSession
+from rangestream.storage.core.writing import WriteSession
 
 __all__ = ["Job", "run_split", "run_splits"]
 
@@ -147,7 +147,7 @@ class _LocalCounters(list[int]):
 
 def _put(session: WriteSession, key: str, data: bytes) -> None:
     async def put() -> None:
-        store = session.storage._new_write_store()
+        store = session.storage.new_write_store()
         try:
             await store.put(key, data)
         finally:

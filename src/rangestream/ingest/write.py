@@ -29,12 +29,12 @@ from rangestream.ingest.summary import Progress, Summary
 from rangestream.ingest.tasks import Job, default_workers, run_splits
 from rangestream.io.process import run_blocking
 from rangestream.layout.manifest import Manifest
-from rangestream.storage.base import Storage
-from rangestream.storage.document import DocumentStorage
-from rangestream.storage.stream import StreamStorage
-from rangestream.storage.stream_with_meta import StreamWithMetaStorage
+from rangestream.storage.core.base import Storage
+from rangestream.storage.core.writing import WriteSession
+from rangestream.storage.document.storage import DocumentStorage
+from rangestream.storage.stream.storage import StreamStorage
+from rangestream.storage.stream.with_meta import StreamWithMetaStorage
 from rangestream.storage.temporal import TemporalArrayStorage
-from rangestream.storage.writing import WriteSession
 
 __all__ = ["KINDS", "write", "write_records"]
 
@@ -253,7 +253,7 @@ def _count_resumed(summary: Summary, session: WriteSession, done: frozenset[int]
     rejects they left are (they are in the store)."""
 
     async def count() -> int:
-        store = session.storage._new_write_store()
+        store = session.storage.new_write_store()
         try:
             total = 0
             for split in sorted(done):
@@ -272,7 +272,7 @@ def _gather_rejects(session: WriteSession, split_count: int, rejects: str | None
     target = rejects or f"{storage.url.rstrip('/')}/rejects.jsonl"
 
     async def gather() -> bytes:
-        store = storage._new_write_store()
+        store = storage.new_write_store()
         try:
             parts = []
             for split in range(split_count):
@@ -396,7 +396,7 @@ def write(
     all_options = {"storage_options": storage_options, **options}
     writer, reader = make_storages(kind, url, storage_format, {}, field_groups, all_options)
     if kind == "temporal" and first is not None:
-        writer = writer._bind_record(first)
+        writer = writer.bind_record(first)
     bounds = _split_bounds(len(items), items_per_split)
     split_count = len(bounds) - 1
     fingerprint = fingerprint_of(

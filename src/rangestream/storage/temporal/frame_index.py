@@ -11,8 +11,8 @@ cumulative index, the histogram, the whole counts while the index fits the cache
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -20,14 +20,37 @@ from rangestream.errors import CorruptDataError, MetadataError, OutOfRangeError
 from rangestream.layout.executors import Program
 from rangestream.layout.pieces import RowRead, StoredArray
 
-if TYPE_CHECKING:
-    from rangestream.storage.temporal.index import RecordIndex
-
-__all__ = ["BULK_RECORDS", "FrameIndex"]
+__all__ = ["BULK_RECORDS", "FrameIndex", "RecordEntries"]
 
 _INT64 = np.dtype("<i8")
 #: Records read per request when a caller asks for many at once (``frame_counts[:]``).
 BULK_RECORDS = 1 << 20
+
+
+class RecordEntries(Protocol):
+    """What frame questions read of a record index (``storage.temporal.index.RecordIndex``,
+    which builds its ``FrameIndex`` over itself): its size, its cache, its reads."""
+
+    #: Records in the dataset.
+    count: int
+    #: Records per inner chunk of ``index/record_rows`` (one range request reads a chunk).
+    chunk_rows: int
+    #: Chunks the cache holds at most (the bound on one batch of reads).
+    max_chunks: int
+    #: Whether the whole index fits in the cache (then it is read whole, once).
+    whole_fits: bool
+    #: Cached entries by chunk: ``(first_row, frames, part)`` per record.
+    chunks: dict[int, np.ndarray]
+    #: The dataset's URL, for error messages.
+    where: str
+
+    def load(self, chunks: Sequence[int]) -> Program[dict[int, np.ndarray]]:
+        """The entries of inner chunks ``chunks``, read if not cached."""
+        ...
+
+    def read_spans(self, spans: Sequence[tuple[int, int]]) -> Program[list[np.ndarray]]:
+        """Entries of records ``[low, high)`` for each span, read in one step (uncached)."""
+        ...
 
 
 class FrameIndex:
@@ -47,7 +70,7 @@ class FrameIndex:
 
     def __init__(
         self,
-        index: RecordIndex,
+        index: RecordEntries,
         frame_starts: StoredArray | None,
         histogram: Callable[[], Program[StoredArray]] | None,
     ) -> None:

@@ -20,7 +20,7 @@ import numpy as np
 from rangestream.errors import UnknownFieldError
 from rangestream.layout.executors import BlockCopier, Program
 from rangestream.layout.pieces import Output, RowRead, StoredArray, in_one_block
-from rangestream.storage.opening import OpenedStorage
+from rangestream.storage.core.opening import OpenedStorage
 from rangestream.storage.temporal.frame_counts import FrameCounts
 from rangestream.storage.temporal.index import RecordIndex
 from rangestream.storage.temporal.schema import TemporalSchema

@@ -1,7 +1,7 @@
 """The sync and async readers of a temporal storage: the two faces of its opened version.
 
 ``TemporalArrayStorage`` describes a dataset; reading it goes through these readers, which
-hold the version opened in their process (``storage.opening``) and ask its record index
+hold the version opened in their process (``storage.core.opening``) and ask its record index
 (``storage.temporal.index``) and window programs (``storage.temporal.read``). The storage's
 own ``read_window`` and index questions are those of a default sync reader. The sync
 reader's single-window path copies out of a mapped block without building a program
@@ -21,7 +21,7 @@ import numpy.typing as npt
 from rangestream.arguments import integer, positive_integer
 from rangestream.errors import OutOfRangeError
 from rangestream.io.local import INLINE_READ_BYTES
-from rangestream.storage.readers import AsyncReader, SyncReader
+from rangestream.storage.core.readers import AsyncReader, SyncReader
 from rangestream.storage.temporal.frame_counts import FrameCounts
 
 __all__ = ["AsyncTemporalReader", "TemporalReader", "aread_window", "concurrency"]

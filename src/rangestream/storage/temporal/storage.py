@@ -8,7 +8,7 @@ count; a window costs one range request per selected group (one more where a rec
 than a block crosses a boundary), and one more before those when its record's index entry
 is not cached yet (``storage.temporal.index``: the record index is read by range).
 
-The storage follows the lifecycle of every kind (``storage.opening``): its readers are
+The storage follows the lifecycle of every kind (``storage.core.opening``): its readers are
 faces of the version opened in their process. ``read_window`` and ``aread_window`` can also
 be called on the storage itself, in DataLoader workers too: they use the storage's own
 opened version of the process, shared by any number of threads and event loops.
@@ -32,8 +32,9 @@ from rangestream.io.store import ObjectStore
 from rangestream.layout.block import ArrayLayout
 from rangestream.layout.executors import Program
 from rangestream.layout.manifest import ROOT_KEY, Manifest
-from rangestream.storage.base import Storage
-from rangestream.storage.options import LayoutOptions
+from rangestream.storage.core.base import Storage
+from rangestream.storage.core.kind import ShardEncoder
+from rangestream.storage.core.options import LayoutOptions
 from rangestream.storage.temporal.frame_counts import FrameCounts
 from rangestream.storage.temporal.index import DEFAULT_INDEX_CACHE_BYTES, RecordIndex
 from rangestream.storage.temporal.read import OpenedTemporal
@@ -56,7 +57,6 @@ from rangestream.storage.temporal.write import (
     group_layouts,
     write_record_index,
 )
-from rangestream.storage.writing import ShardEncoder
 
 __all__ = [
     "DEFAULT_CHUNK_FRAMES",
@@ -163,13 +163,13 @@ class TemporalArrayStorage(Storage):
             schema, self._layout, self.chunk_frames, self.chunk_bytes, self.window_frames
         )
 
-    def _array_layouts(self) -> dict[str, ArrayLayout]:
+    def array_layouts(self) -> dict[str, ArrayLayout]:
         layouts = {RECORD_ROWS: self._layout(_INT64, (2,), chunk_bytes=max(self.chunk_bytes, 8192))}
         if self._bound is not None:
             layouts.update(self._group_layouts(self._bound))
         return layouts
 
-    def _array_attributes(self, name: str) -> dict[str, Any]:
+    def array_attributes(self, name: str) -> dict[str, Any]:
         if self._bound is None or name == RECORD_ROWS:
             return {}
         for group in self._bound.groups:
@@ -177,7 +177,7 @@ class TemporalArrayStorage(Storage):
                 return {"rangestream_fields": [spec.name for spec in group.fields]}
         return {}
 
-    def _schema(self) -> dict[str, Any]:
+    def kind_schema(self) -> dict[str, Any]:
         schema = self._bound if self._bound is not None else TemporalSchema([], [])
         layouts = self._index_layouts()
         return {
@@ -187,14 +187,14 @@ class TemporalArrayStorage(Storage):
             "frame_histogram": layouts.histogram.to_json(),
         }
 
-    def _bind_record(self, data: Any) -> TemporalArrayStorage:
+    def bind_record(self, data: Any) -> TemporalArrayStorage:
         if self._bound is not None:
             return self
         bound = copy.copy(self)
         bound._bound = TemporalSchema.from_record(data, self.field_groups)
         return bound
 
-    def _bind_schema(self, schema: dict[str, Any], where: str) -> TemporalArrayStorage:
+    def bind_schema(self, schema: dict[str, Any], where: str) -> TemporalArrayStorage:
         parsed = TemporalSchema.from_json(schema, where)
         if self._bound is None:
             bound = copy.copy(self)
@@ -207,13 +207,13 @@ class TemporalArrayStorage(Storage):
             )
         return self
 
-    def _shard_encoder(self) -> ShardEncoder:
+    def shard_encoder(self) -> ShardEncoder:
         if self._bound is None:
-            raise RuntimeError("the schema is fixed by the first record (see _bind_record)")
+            raise RuntimeError("the schema is fixed by the first record (see bind_record)")
         grid = min(layout.block_rows for layout in self._group_layouts(self._bound).values())
         return TemporalShardEncoder(self._bound, grid)
 
-    async def _write_derived_index(self, store: ObjectStore, manifest: Manifest) -> None:
+    async def write_derived_index(self, store: ObjectStore, manifest: Manifest) -> None:
         schema = self._bound if self._bound is not None else TemporalSchema([], [])
         reader = RangeReader(store, retry=self.retry)
         await write_record_index(
@@ -221,10 +221,10 @@ class TemporalArrayStorage(Storage):
         )
 
     # -- schema and index (opening) ---------------------------------------------------------
-    def _check_schema(self, manifest: Manifest) -> None:
+    def check_schema(self, manifest: Manifest) -> None:
         stored_schema(manifest, f"{self.url}/{ROOT_KEY}", self.url, self.field_groups)
 
-    def _open_index(self, manifest: Manifest) -> Program[RecordIndex]:
+    def open_index(self, manifest: Manifest) -> Program[RecordIndex]:
         """The record index, read by range later: opening reads nothing past the root."""
         return open_record_index(manifest, self.url, self.field_groups, self.index_cache_bytes)
         yield  # a program: it reads nothing
@@ -233,7 +233,7 @@ class TemporalArrayStorage(Storage):
     def _reader(self) -> TemporalReader:
         reader = self._default_reader
         if reader is None:
-            reader = self._default_reader = TemporalReader(self, self._default_opening)
+            reader = self._default_reader = TemporalReader(self, self.default_opening)
         return reader
 
     @property
@@ -340,7 +340,7 @@ class TemporalArrayStorage(Storage):
         and drains its requests. Local windows are copied out of mapped blocks inline (a
         large one in a worker thread).
         """
-        opened = await self._default_opening.get_async()
+        opened = await self.default_opening.get_async()
         return await aread_window(
             opened, record, start, frames, fields,
             concurrency(max_concurrency, max_concurrent_reads),
@@ -349,19 +349,19 @@ class TemporalArrayStorage(Storage):
     @property
     def stats(self) -> IOStats:
         """Exact requests and bytes this process has issued for this storage (opening too)."""
-        opened = self._default_opening.opened.value
+        opened = self.default_opening.opened.value
         return IOStats() if opened is None else opened.stats
 
     def close(self) -> None:
         """Release this process's open files, mappings or I/O-loop connections; reads make
         them again (the opened version, record index cache included, is kept)."""
-        opened = self._default_opening.opened.value
+        opened = self.default_opening.opened.value
         if opened is not None:
             opened.release_sync()
 
     async def aclose(self) -> None:
         """Release the connections the running event loop holds (or local open files)."""
-        opened = self._default_opening.opened.value
+        opened = self.default_opening.opened.value
         if opened is not None:
             await opened.arelease()
 

@@ -4,7 +4,7 @@ Opening a temporal dataset reads the root document only. Everything in it is unt
 input: the schema of the field groups, the layouts of the three index arrays
 (``storage.temporal.write`` writes them at commit) and the arrays listed per shard must
 agree before a window is read. This is that check, shared by the commit of an append
-(``_check_schema``) and by opening, which also places the index arrays of the committed
+(``check_schema``) and by opening, which also places the index arrays of the committed
 version so that ``storage.temporal.index`` reads them by range later.
 """
 

@@ -25,9 +25,9 @@ from rangestream.layout.executors import RemoteExecutor
 from rangestream.layout.manifest import Manifest, data_prefix
 from rangestream.layout.pieces import RowRead, StoredArray
 from rangestream.layout.zarr_json import array_document, dumps
+from rangestream.storage.core.kind import ShardEncoder
 from rangestream.storage.temporal.index import RecordIndex
 from rangestream.storage.temporal.schema import RECORD_ROWS, TemporalSchema
-from rangestream.storage.writing import ShardEncoder
 
 __all__ = [
     "DEFAULT_WINDOW_FRAMES",

@@ -16,20 +16,21 @@ from rangestream.io.local import LocalStore
 from rangestream.layout.manifest import data_prefix
 
 if TYPE_CHECKING:
-    from rangestream.storage.base import Storage
+    from rangestream.storage.core.kind import StorageKind
+    from rangestream.storage.core.opening import Opening
 
 __all__ = ["open_zarr_group"]
 
 
-def open_zarr_group(storage: Storage) -> Any:
-    """The committed version's group, read-only (a ``zarr.Group``)."""
+def open_zarr_group(storage: StorageKind, opening: Opening) -> Any:
+    """``storage``'s committed version (opened by ``opening``) as a read-only ``zarr.Group``."""
     try:
         import zarr
     except ImportError as error:  # an optional dependency
         raise ImportError(
             "reading a dataset with zarr-python needs it installed: pip install 'rangestream[zarr]'"
         ) from error
-    opened = storage._default_opening.get_sync()
+    opened = opening.get_sync()
     prefix = data_prefix(opened.manifest.commit_id)
     store = opened.store
     if isinstance(store, LocalStore):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rangestream.storage.gc import Orphan
+from rangestream.storage.maintenance.gc import Orphan
 
 __all__ = ["Problem", "VerifyReport"]
 

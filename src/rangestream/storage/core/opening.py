@@ -34,7 +34,7 @@ from rangestream.layout.manifest_parsing import parse_root
 from rangestream.layout.pieces import StoredArray
 
 if TYPE_CHECKING:
-    from rangestream.storage.base import Storage
+    from rangestream.storage.core.kind import StorageKind
 
 __all__ = ["OpenedStorage", "Opening", "ShardArrays", "ShardIds"]
 
@@ -127,12 +127,12 @@ class OpenedStorage:
     """A storage's committed version, opened in this process: what every read needs.
 
     Kinds subclass it with their read programs; ``index`` is what the kind's
-    ``_open_index`` read at open.
+    ``open_index`` read at open.
     """
 
     def __init__(
         self,
-        storage: Storage,
+        storage: StorageKind,
         store: ObjectStore,
         manifest: Manifest,
         executor: RemoteExecutor | MappedExecutor,
@@ -245,18 +245,18 @@ class OpenedStorage:
 
 
 def _open_program(
-    storage: Storage, store: ObjectStore
+    storage: StorageKind, store: ObjectStore
 ) -> Generator[Any, Any, tuple[Manifest, Any]]:
     (raw,) = yield [ObjectRequest(ROOT_KEY, MAX_ROOT_BYTES)]
     manifest = parse_root(bytes(raw), store.describe(ROOT_KEY), storage.kind)
-    storage._check_schema(manifest)
+    storage.check_schema(manifest)
     # the per-shard rows of a dataset of many shards: one more request per 4 MiB of them
     manifest = yield from read_shard_table(manifest, store.describe)
-    index = yield from storage._open_index(manifest)
+    index = yield from storage.open_index(manifest)
     return manifest, index
 
 
-def _not_found(storage: Storage, store: ObjectStore, error: MissingObjectError) -> Exception:
+def _not_found(storage: StorageKind, store: ObjectStore, error: MissingObjectError) -> Exception:
     """What a missing root means: no dataset, or (said plainly) no bucket or directory."""
     cause = f"{error.__cause__ or ''}"
     if "NoSuchBucket" in cause:
@@ -272,8 +272,8 @@ def _not_found(storage: Storage, store: ObjectStore, error: MissingObjectError) 
     )
 
 
-def _parts(storage: Storage) -> tuple[ObjectStore, RemoteExecutor | MappedExecutor]:
-    store = storage._new_store()
+def _parts(storage: StorageKind) -> tuple[ObjectStore, RemoteExecutor | MappedExecutor]:
+    store = storage.new_store()
     options = storage.read_options
     reader = RangeReader(
         store,
@@ -289,7 +289,7 @@ def _parts(storage: Storage) -> tuple[ObjectStore, RemoteExecutor | MappedExecut
     return store, executor
 
 
-def open_sync(storage: Storage) -> OpenedStorage:
+def open_sync(storage: StorageKind) -> OpenedStorage:
     """Open the committed version with sync I/O (the process's I/O loop for remote stores)."""
     store, executor = _parts(storage)
     try:
@@ -305,7 +305,7 @@ def open_sync(storage: Storage) -> OpenedStorage:
     return storage.opened_class(storage, store, manifest, executor, index)
 
 
-async def open_async(storage: Storage) -> OpenedStorage:
+async def open_async(storage: StorageKind) -> OpenedStorage:
     """Open the committed version on the running loop."""
     store, executor = _parts(storage)
     try:
@@ -334,7 +334,7 @@ class Opening:
     for the others; a failed open is tried again by the next caller).
     """
 
-    def __init__(self, storage: Storage) -> None:
+    def __init__(self, storage: StorageKind) -> None:
         self.storage = storage
         self.opened = ProcessLocal[OpenedStorage]()
         self._tasks = ProcessLocal[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any]]()

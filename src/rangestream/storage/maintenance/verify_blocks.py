@@ -23,7 +23,7 @@ from rangestream.io.ranges import RangeRequest
 from rangestream.layout.block import MISSING, ArrayLayout, parse_block_index
 from rangestream.layout.checksums import CRC32C_RESIDUE, crc32c
 from rangestream.layout.manifest import Manifest
-from rangestream.storage.verify_report import Problem, VerifyReport
+from rangestream.storage.maintenance.verify_report import Problem, VerifyReport
 
 __all__ = ["PIECE_BYTES", "Block", "OffsetCheck", "offset_checks", "scan_blocks"]
 

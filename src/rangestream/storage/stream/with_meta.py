@@ -49,14 +49,14 @@ from rangestream.layout.caches import ArrayCache
 from rangestream.layout.executors import Program
 from rangestream.layout.manifest import Manifest
 from rangestream.layout.pieces import RowRead
-from rangestream.storage.stream import (
+from rangestream.storage.core.kind import ShardEncoder
+from rangestream.storage.stream.storage import (
     AsyncStreamStorageReader,
     StreamStorage,
     StreamStorageReader,
 )
-from rangestream.storage.stream_windows import OpenedStream, no_window
-from rangestream.storage.stream_with_meta_records import MetaShardEncoder
-from rangestream.storage.writing import ShardEncoder
+from rangestream.storage.stream.windows import OpenedStream, no_window
+from rangestream.storage.stream.with_meta_records import MetaShardEncoder
 from rangestream.types import StreamWithMetaStorageFormat
 
 _INT64 = np.dtype("<i8")
@@ -372,7 +372,7 @@ class StreamWithMetaStorage(StreamStorage):
         self.run_cache_bytes = run_cache_bytes
         self.run_index_cache_bytes = run_index_cache_bytes
 
-    def _array_layouts(self) -> dict[str, ArrayLayout]:
+    def array_layouts(self) -> dict[str, ArrayLayout]:
         run_chunk_bytes = RUN_CHUNK_FACTOR * self.chunk_bytes
         return {
             "stream": self._layout(self._writing_format().stream_dtype),
@@ -382,15 +382,15 @@ class StreamWithMetaStorage(StreamStorage):
             "run_index": self._layout(_INT64, (2,), chunk_bytes=run_chunk_bytes),
         }
 
-    def _array_attributes(self, name: str) -> dict[str, Any]:
+    def array_attributes(self, name: str) -> dict[str, Any]:
         if name == "runs":
             return {"rangestream_columns": _RUN_COLUMNS}
         if name == "run_index":
-            stride = self._array_layouts()["runs"].chunk_rows
+            stride = self.array_layouts()["runs"].chunk_rows
             return {"rangestream_columns": _RUN_COLUMNS, "rangestream_runs_row_stride": stride}
         return {}
 
-    def _check_schema(self, manifest: Manifest) -> None:
+    def check_schema(self, manifest: Manifest) -> None:
         if set(manifest.arrays) != _ARRAYS:
             raise SchemaMismatchError(
                 f"{self.url} does not hold a stream-with-metadata dataset's arrays"
@@ -404,10 +404,10 @@ class StreamWithMetaStorage(StreamStorage):
                 )
         if manifest.arrays["payload_heap"].dtype != _UINT8:
             raise SchemaMismatchError(f"{self.url}: payload_heap must be uint8")
-        self._reading_format(manifest)
+        self.reading_format(manifest)
 
-    def _shard_encoder(self) -> ShardEncoder:
-        return MetaShardEncoder(self._writing_format(), self._array_layouts()["runs"].chunk_rows)
+    def shard_encoder(self) -> ShardEncoder:
+        return MetaShardEncoder(self._writing_format(), self.array_layouts()["runs"].chunk_rows)
 
 
 class StreamWithMetaStorageReader(StreamStorageReader):

@@ -1,4 +1,4 @@
-"""Sync and async readers: two faces of one opened version (``storage.opening``).
+"""Sync and async readers: two faces of one opened version (``storage.core.opening``).
 
 A reader opens the dataset on first use (or on entering its context) and releases it on
 exit; its ``stats`` count every request it made, the open's included. A sync reader made
@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from rangestream.io.process import ProcessLocal
 from rangestream.io.stats import IOStats
 from rangestream.layout.executors import Program
-from rangestream.storage.opening import OpenedStorage, Opening
+from rangestream.storage.core.opening import OpenedStorage, Opening
 
 if TYPE_CHECKING:
-    from rangestream.storage.base import Storage
+    from rangestream.storage.core.kind import StorageKind
 
 __all__ = ["AsyncReader", "StorageFacts", "SyncReader"]
 
@@ -43,7 +43,7 @@ class StorageFacts:
 class _Face:
     """What a sync and an async reader share: the storage, and the opening they read."""
 
-    def __init__(self, storage: Storage, opening: Opening | None = None) -> None:
+    def __init__(self, storage: StorageKind, opening: Opening | None = None) -> None:
         self.storage = storage
         self._opening = Opening(storage) if opening is None else opening
 

@@ -16,19 +16,19 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from rangestream.errors import DatasetExistsError, MetadataError
+from rangestream.errors import CommitConflictError, DatasetExistsError, MetadataError
 from rangestream.io.store import ObjectStore
 from rangestream.layout.block import ArrayLayout, encode_block
 from rangestream.layout.manifest import ROOT_KEY, Manifest, data_prefix
 from rangestream.layout.shard_table import SHARD_TABLE
 from rangestream.layout.zarr_json import array_document, dumps, group_document
-from rangestream.storage.appending import check_appendable, extended
-from rangestream.storage.parts import gather_parts, read_part
-from rangestream.storage.root import completed, parse_bounded_root, publish_root, read_root
-from rangestream.storage.store_errors import library_errors
+from rangestream.storage.core.appending import check_appendable, extended
+from rangestream.storage.core.parts import gather_parts, read_part
+from rangestream.storage.core.root import completed, parse_bounded_root, publish_root, read_root
+from rangestream.storage.core.store_errors import library_errors
 
 if TYPE_CHECKING:
-    from rangestream.storage.writing import WriteSession
+    from rangestream.storage.core.kind import StorageKind
 
 T = TypeVar("T")
 
@@ -36,32 +36,35 @@ T = TypeVar("T")
 COMMIT_CONCURRENCY = 64
 
 
-async def commit_session(session: WriteSession) -> Manifest:
-    """Publish what the closed writers of ``session`` wrote (``WriteSession.commit``)."""
-    storage = session.storage
-    store = storage._new_write_store()
+async def commit_session(
+    storage: StorageKind, commit_id: str, overwrite: bool, appends_to: str | None
+) -> Manifest:
+    """Publish what the closed writers of the session ``commit_id`` wrote
+    (``WriteSession.commit``: ``overwrite`` and ``appends_to`` are the session's)."""
+    prefix = data_prefix(commit_id)
+    store = storage.new_write_store()
     try:
         old_root, version = await read_root(store)
         exists, previous = old_root is not None, None
         if old_root is not None:
             with contextlib.suppress(MetadataError):  # unreadable: replaced, not chained
                 previous = parse_bounded_root(old_root, store.describe(ROOT_KEY))
-        base = session._appended(previous)
+        base = _appended(storage.url, appends_to, prefix, previous)
         if base is not None:
             base = await completed(store, base)
-        if exists and not session.overwrite and base is None:
+        if exists and not overwrite and base is None:
             raise DatasetExistsError(
                 f"{storage.url} already holds a committed dataset; "
                 "pass overwrite=True to replace it, or mode='append' to add shards"
             )
         part_keys = sorted(
-            key for key in await store.list(f"{session.prefix}/parts") if key.endswith(".json")
+            key for key in await store.list(f"{prefix}/parts") if key.endswith(".json")
         )
         raws = await _bounded([read_part(store, key) for key in part_keys])
         storage, parts = gather_parts(storage, part_keys, raws, store.describe)
         if base is not None:
-            storage = storage._bind_schema(base.schema, store.describe(ROOT_KEY))
-        layouts = storage._array_layouts()
+            storage = storage.bind_schema(base.schema, store.describe(ROOT_KEY))
+        layouts = storage.array_layouts()
         ids, lengths = parts.shard_ids, parts.lengths(list(layouts))
         inherited: dict[str, list[int]] = {}
         if base is not None:
@@ -73,25 +76,25 @@ async def commit_session(session: WriteSession) -> Manifest:
             extra["previous_commit_id"] = previous.commit_id
             if previous.inherited:  # kept for its readers too (gc, the next commit)
                 extra["previous_inherited"] = list(previous.inherited)
-        schema = storage._committed_schema()
+        schema = storage.committed_schema()
         manifest = Manifest(
-            storage.kind, session.commit_id, schema, layouts, ids, lengths, extra, inherited
+            storage.kind, commit_id, schema, layouts, ids, lengths, extra, inherited
         )
         groups = (
             "data/zarr.json",
-            f"{session.prefix}/zarr.json",
-            f"{session.prefix}/shards/zarr.json",
+            f"{prefix}/zarr.json",
+            f"{prefix}/shards/zarr.json",
         )
         await _bounded(
             [
                 *(store.put(key, dumps(group_document())) for key in groups),
-                *_index_puts(store, session.prefix, manifest),
-                storage._write_derived_index(store, manifest),
+                *_index_puts(store, prefix, manifest),
+                storage.write_derived_index(store, manifest),
             ]
         )
         with library_errors(f"writing {store.describe(ROOT_KEY)}"):
             root = dumps(manifest.root_document())
-            await publish_root(store, root, version, session.commit_id)
+            await publish_root(store, root, version, commit_id)
         if previous is not None:
             # Readers may still be on the version just replaced; the one before it goes,
             # with the data it inherited, except what the two live versions still read.
@@ -106,6 +109,22 @@ async def commit_session(session: WriteSession) -> Manifest:
         return manifest
     finally:
         await store.aclose()
+
+
+def _appended(
+    where: str, appends_to: str | None, prefix: str, committed: Manifest | None
+) -> Manifest | None:
+    """The version an append extends, checked to be the one committed now."""
+    if appends_to is None:
+        return None
+    if committed is None or committed.commit_id != appends_to:
+        found = "no readable version" if committed is None else committed.commit_id
+        raise CommitConflictError(
+            f"{where}: this append extends version {appends_to}, but {found} is "
+            f"committed now; its objects under {prefix}/ are left for "
+            "`rangestream gc` (or session.abort()). Append again to the new version."
+        )
+    return committed
 
 
 async def _bounded(calls: Sequence[Coroutine[Any, Any, T]]) -> list[T]:

@@ -27,7 +27,7 @@ from rangestream.layout.manifest import (
     read_shard_table,
 )
 from rangestream.layout.manifest_parsing import parse_root
-from rangestream.storage.store_errors import library_errors
+from rangestream.storage.core.store_errors import library_errors
 
 
 async def read_committed(store: ObjectStore) -> tuple[bool, Manifest | None]:

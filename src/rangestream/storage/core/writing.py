@@ -11,30 +11,30 @@ in the library's exception classes.
 
 from __future__ import annotations
 
-import abc
 import os
 import re
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rangestream.errors import CommitConflictError, InvalidShardError, WriterClosedError
+from rangestream.errors import InvalidShardError, WriterClosedError
 from rangestream.io.local import LocalStore
 from rangestream.io.process import run_blocking
 from rangestream.layout.manifest import Manifest, data_prefix, shard_prefix
 from rangestream.layout.zarr_json import dumps, group_document
-from rangestream.storage.block_uploads import ArrayWriter, Uploader
-from rangestream.storage.commit import commit_session
-from rangestream.storage.parts import part_document
-from rangestream.storage.store_errors import keep_failure, library_errors
+from rangestream.storage.core.block_uploads import ArrayWriter, Uploader
+from rangestream.storage.core.commit import commit_session
+from rangestream.storage.core.kind import ShardEncoder
+from rangestream.storage.core.parts import part_document
+from rangestream.storage.core.store_errors import keep_failure, library_errors
 
 if TYPE_CHECKING:
-    from rangestream.storage.base import Storage
+    from rangestream.storage.core.kind import StorageKind
 
 
 #: Default bound on the bytes of partial blocks one writer keeps in memory, all its shards
@@ -43,22 +43,6 @@ if TYPE_CHECKING:
 DEFAULT_MAX_BUFFERED_BYTES = 256 * 1024 * 1024
 #: What a caller-chosen part id may be: it becomes the object name ``parts/<id>.json``.
 _PART_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
-
-
-class ShardEncoder(abc.ABC):
-    """Turns one appended record into the rows it adds to each array of a shard.
-
-    Storage kinds subclass this. ``encode`` must validate everything before returning, so
-    a bad record raises and leaves the shard untouched.
-    """
-
-    def initial_rows(self) -> Mapping[str, np.ndarray]:
-        """Rows every shard starts with (the leading 0 of an offsets array)."""
-        return {}
-
-    @abc.abstractmethod
-    def encode(self, data: Any, lengths: Mapping[str, int]) -> Mapping[str, np.ndarray]:
-        """The rows ``data`` adds to each array, given each array's current length."""
 
 
 def check_shard(shard: Any) -> int:
@@ -97,7 +81,7 @@ class WriteSession:
     version holding the old shards (their data stays where it was written) and the new.
     """
 
-    storage: Storage
+    storage: StorageKind
     commit_id: str
     overwrite: bool = False
     appends_to: str | None = None
@@ -134,27 +118,15 @@ class WriteSession:
         (this version is then not published), and library errors for every other failure.
         """
         with library_errors(f"committing {self.storage.url}"):
-            return run_blocking(commit_session(self))
-
-    def _appended(self, committed: Manifest | None) -> Manifest | None:
-        """The version this append extends, checked to be the one committed now."""
-        if self.appends_to is None:
-            return None
-        where = self.storage.url
-        if committed is None or committed.commit_id != self.appends_to:
-            found = "no readable version" if committed is None else committed.commit_id
-            raise CommitConflictError(
-                f"{where}: this append extends version {self.appends_to}, but {found} is "
-                f"committed now; its objects under {self.prefix}/ are left for "
-                "`rangestream gc` (or session.abort()). Append again to the new version."
+            return run_blocking(
+                commit_session(self.storage, self.commit_id, self.overwrite, self.appends_to)
             )
-        return committed
 
     def abort(self) -> None:
         """Delete everything written under this session's commit id."""
 
         async def delete() -> None:
-            store = self.storage._new_write_store()
+            store = self.storage.new_write_store()
             try:
                 await store.delete_prefix(self.prefix)
             finally:
@@ -203,9 +175,9 @@ class DatasetWriter:
         self.storage = session.storage
         self.part_id = part_id if part_id is not None else uuid.uuid4().hex
         self.max_buffered_bytes = max_buffered_bytes
-        self._store = self.storage._new_write_store()
+        self._store = self.storage.new_write_store()
         self._uploader = Uploader(self._store)
-        self._layouts = self.storage._array_layouts()
+        self._layouts = self.storage.array_layouts()
         #: Shards by their last append, least recent first (the first to spill).
         self._shards: OrderedDict[int, tuple[ShardEncoder, dict[str, ArrayWriter]]] = OrderedDict()
         self._buffered = 0
@@ -246,12 +218,12 @@ class DatasetWriter:
             storage, layouts = self.storage, self._layouts
             if not self._shards:
                 # the first record may fix the schema (kept only once it is encoded)
-                storage = self.storage._bind_record(data)
+                storage = self.storage.bind_record(data)
                 if storage is not self.storage:
-                    layouts = storage._array_layouts()
+                    layouts = storage.array_layouts()
             entry = self._shards.get(shard)
             if entry is None:
-                encoder = storage._shard_encoder()
+                encoder = storage.shard_encoder()
                 initial = encoder.initial_rows()
                 lengths = {name: len(initial.get(name, ())) for name in layouts}
                 rows_by_array = encoder.encode(data, lengths)
@@ -301,14 +273,16 @@ class DatasetWriter:
         try:
             shards: dict[int, dict[str, int]] = {}
             for shard, (_encoder, writers) in sorted(self._shards.items()):
-                lengths = {name: writer.finish(self.storage._array_attributes(name))
+                lengths = {name: writer.finish(self.storage.array_attributes(name))
                            for name, writer in writers.items()}  # fmt: skip
                 prefix = shard_prefix(self.session.commit_id, shard)
                 self._uploader.put(f"{prefix}/zarr.json", dumps(group_document()))
                 shards[shard] = lengths
             self._buffered = 0
             # bound by the first record, if the kind binds one
-            schema = self.storage._schema() if self.storage is not self.session.storage else None
+            schema = (
+                self.storage.kind_schema() if self.storage is not self.session.storage else None
+            )
             # the part says "this writer's data is complete": it must land after the data
             self._uploader.flush()
             if self._spilled:  # every piece has been read back into its block by now
@@ -372,7 +346,9 @@ class CommittingWriter(DatasetWriter):
             keep_failure(failure, cleanup, f"{self.storage.url}/{self.session.prefix}/")
 
 
-def new_session(storage: Storage, overwrite: bool, base: Manifest | None = None) -> WriteSession:
+def new_session(
+    storage: StorageKind, overwrite: bool, base: Manifest | None = None
+) -> WriteSession:
     """A session with a fresh commit id; with ``base``, one that appends to that version."""
     if base is None:
         return WriteSession(storage, uuid.uuid4().hex, overwrite)

@@ -1,6 +1,6 @@
 """Records into a stream with metadata: a format's ``pack`` checked, then encoded as rows.
 
-The write half of :mod:`rangestream.storage.stream_with_meta`: everything a record must
+The write half of :mod:`rangestream.storage.stream.with_meta`: everything a record must
 satisfy is checked in :func:`pack_record` before the writer stores anything, and
 :class:`MetaShardEncoder` turns one packed record into the rows of the shard's five arrays.
 """
@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from rangestream.errors import InvalidRecordError
-from rangestream.storage.stream import check_stream_array
-from rangestream.storage.writing import ShardEncoder
+from rangestream.storage.core.kind import ShardEncoder
+from rangestream.storage.stream.storage import check_stream_array
 from rangestream.types import StreamWithMetaStorageFormat
 
 _INT64 = np.dtype("<i8")

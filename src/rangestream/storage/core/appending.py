@@ -8,19 +8,21 @@ same ones.
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
 from rangestream.errors import CommitError, SchemaMismatchError
 from rangestream.layout.manifest import Manifest
-from rangestream.storage.options import LayoutOptions
+from rangestream.storage.core.options import LayoutOptions
 
 if TYPE_CHECKING:
-    from rangestream.storage.base import Storage
+    from rangestream.storage.core.kind import StorageKind
+
+K = TypeVar("K", bound="StorageKind")
 
 
-def check_appendable(storage: Storage, base: Manifest) -> None:
+def check_appendable(storage: StorageKind, base: Manifest) -> None:
     """Refuse to append ``storage``'s records to ``base``: another kind, format or layout.
 
     Every shard of a version shares one layout per array, so the appended shards must be
@@ -32,8 +34,8 @@ def check_appendable(storage: Storage, base: Manifest) -> None:
             f"{where} holds a {base.kind!r} dataset; a {storage.kind!r} write cannot append to it"
         )
     check_appendable_version(base, where)
-    storage._check_schema(base)
-    layouts = storage._array_layouts()
+    storage.check_schema(base)
+    layouts = storage.array_layouts()
     if set(layouts) != set(base.arrays):
         raise SchemaMismatchError(
             f"{where} stores arrays {sorted(base.arrays)}, the appended records {sorted(layouts)}"
@@ -57,18 +59,18 @@ def check_appendable_version(base: Manifest, where: str) -> None:
         )
 
 
-def appending_storage(storage: Storage, base: Manifest) -> Storage:
+def appending_storage(storage: K, base: Manifest) -> K:
     """``storage``, with layout options that cut arrays as ``base`` stores them if its own
     do not (the first write chose other sizes): appended shards must match."""
     check_appendable_version(base, storage.url)
-    if storage._array_layouts() == base.arrays:
+    if storage.array_layouts() == base.arrays:
         return storage
     for layout in base.arrays.values():
         chunk = layout.chunk_nbytes
         block = layout.chunks_per_block * (chunk + 20) + 4  # for_sizes, inverted
         candidate = copy.copy(storage)  # temporal layouts, bound by records, never match
         candidate.layout_options = LayoutOptions(chunk, max(block, chunk), layout.dense_chunks)
-        if candidate._array_layouts() == base.arrays:
+        if candidate.array_layouts() == base.arrays:
             return candidate
     return storage  # the commit says what differs
 

@@ -4,7 +4,7 @@ Per shard: ``payload_heap`` (the concatenated encoded documents, uint8) and
 ``payload_offsets`` (int64, one more than documents: document ``i`` is heap bytes
 ``[offsets[i], offsets[i+1])``). This module holds what a document storage is (its
 arrays, payload encoding and format) and its two readers; documents are read by
-``document_reads``, their offsets kept by ``offset_chunks``.
+``document.reads``, their offsets kept by ``offset_chunks``.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from rangestream.errors import (
 from rangestream.formats.described import check_given_format, format_from_schema, format_schema
 from rangestream.layout.block import ArrayLayout
 from rangestream.layout.manifest import ROOT_KEY, Manifest
-from rangestream.storage.base import Storage
-from rangestream.storage.document_reads import OpenedDocuments
-from rangestream.storage.options import LayoutOptions
-from rangestream.storage.readers import AsyncReader, StorageFacts, SyncReader
-from rangestream.storage.writing import ShardEncoder
+from rangestream.storage.core.base import Storage
+from rangestream.storage.core.kind import ShardEncoder
+from rangestream.storage.core.options import LayoutOptions
+from rangestream.storage.core.readers import AsyncReader, StorageFacts, SyncReader
+from rangestream.storage.document.reads import OpenedDocuments
 from rangestream.types import DocumentStorageFormat
 
 _INT64 = np.dtype("<i8")
@@ -142,13 +142,13 @@ class DocumentStorage(Storage):
             _check_document_format(storage_format)
         self.storage_format = storage_format
 
-    def _array_layouts(self) -> dict[str, ArrayLayout]:
+    def array_layouts(self) -> dict[str, ArrayLayout]:
         return {
             "payload_heap": self._layout(_UINT8),
             "payload_offsets": self._layout(_INT64, chunk_bytes=max(self.chunk_bytes, 1024)),
         }
 
-    def _schema(self) -> dict[str, Any]:
+    def kind_schema(self) -> dict[str, Any]:
         storage_format = self._writing_format()
         schema: dict[str, Any] = {"payload_encoding": payload_encoding(storage_format)}
         described = format_schema(storage_format)
@@ -156,7 +156,7 @@ class DocumentStorage(Storage):
             schema["format"] = described
         return schema
 
-    def _reading_format(self, manifest: Manifest) -> Any:
+    def reading_format(self, manifest: Manifest) -> Any:
         """The given format once checked against the store, else the one it records."""
         where = f"{self.url}/{ROOT_KEY}"
         stored = _encoding(manifest.schema.get("payload_encoding"))
@@ -191,12 +191,12 @@ class DocumentStorage(Storage):
             "written with, DocumentStorage(url, storage_format)"
         )
 
-    def _check_schema(self, manifest: Manifest) -> None:
+    def check_schema(self, manifest: Manifest) -> None:
         if set(manifest.arrays) != {"payload_heap", "payload_offsets"}:
             raise SchemaMismatchError(f"{self.url} does not hold a document dataset's arrays")
-        self._reading_format(manifest)
+        self.reading_format(manifest)
 
-    def _shard_encoder(self) -> ShardEncoder:
+    def shard_encoder(self) -> ShardEncoder:
         return _DocumentShardEncoder(self._writing_format())
 
 

@@ -1,6 +1,6 @@
 """Records of a stream found through its ``record_ends``: whole records, window starts.
 
-Kept apart from the window reads (``stream_windows``) because a window reader never needs
+Kept apart from the window reads (``stream.windows``) because a window reader never needs
 them: they are what ``read_record``, ``read_records`` and windows with record boundaries
 add, with the per-shard cache of record ends those lookups share.
 """
@@ -18,7 +18,7 @@ from rangestream.arguments import integer
 from rangestream.errors import CorruptDataError, OutOfRangeError
 from rangestream.layout.executors import Program
 from rangestream.layout.pieces import RowRead
-from rangestream.storage.opening import OpenedStorage
+from rangestream.storage.core.opening import OpenedStorage
 
 if TYPE_CHECKING:
     from rangestream.layout.caches import ArrayCache

@@ -32,7 +32,7 @@ from rangestream.io.store import ObjectStore
 from rangestream.io.stores import open_store
 from rangestream.layout.manifest import MAX_ROOT_BYTES, ROOT_KEY, data_prefix
 from rangestream.layout.manifest_parsing import parse_root
-from rangestream.storage.store_errors import library_errors
+from rangestream.storage.core.store_errors import library_errors
 
 __all__ = [
     "DEFAULT_GRACE_SECONDS",

@@ -51,10 +51,15 @@ from rangestream.layout.manifest import (
 )
 from rangestream.layout.manifest_parsing import parse_root
 from rangestream.layout.pieces import RowRead, StoredArray
-from rangestream.storage.gc import find_orphans
-from rangestream.storage.store_errors import library_errors
-from rangestream.storage.verify_blocks import Block, OffsetCheck, offset_checks, scan_blocks
-from rangestream.storage.verify_report import Problem, VerifyReport
+from rangestream.storage.core.store_errors import library_errors
+from rangestream.storage.maintenance.gc import find_orphans
+from rangestream.storage.maintenance.verify_blocks import (
+    Block,
+    OffsetCheck,
+    offset_checks,
+    scan_blocks,
+)
+from rangestream.storage.maintenance.verify_report import Problem, VerifyReport
 
 __all__ = ["Problem", "VerifyReport", "averify_dataset", "verify_dataset"]
 

@@ -26,12 +26,13 @@ from rangestream.io.stores import is_local_url, open_store
 from rangestream.layout.block import ArrayLayout
 from rangestream.layout.dtypes import little_endian
 from rangestream.layout.manifest import ROOT_KEY, Manifest
-from rangestream.storage.appending import appending_storage
-from rangestream.storage.options import LayoutOptions, split_options
-from rangestream.storage.root import read_committed
-from rangestream.storage.writing import (
+from rangestream.storage.core.appending import appending_storage
+from rangestream.storage.core.kind import ShardEncoder
+from rangestream.storage.core.opening import Opening
+from rangestream.storage.core.options import LayoutOptions, split_options
+from rangestream.storage.core.root import read_committed
+from rangestream.storage.core.writing import (
     CommittingWriter,
-    ShardEncoder,
     WriteSession,
     new_session,
     write_mode,
@@ -39,8 +40,8 @@ from rangestream.storage.writing import (
 
 if TYPE_CHECKING:
     from rangestream.layout.executors import Program
-    from rangestream.storage.opening import OpenedStorage, Opening
-    from rangestream.storage.readers import AsyncReader, SyncReader
+    from rangestream.storage.core.opening import OpenedStorage
+    from rangestream.storage.core.readers import AsyncReader, SyncReader
 
 __all__ = ["Storage"]
 
@@ -50,8 +51,9 @@ class Storage(abc.ABC):
 
     Nothing is opened until a reader or writer is made, so a storage can be built in a
     parent process and handed to DataLoader workers: each process opens the committed
-    version itself (``rangestream.storage.opening``), once, and readers in it are faces of
-    that opened version.
+    version itself (``rangestream.storage.core.opening``), once, and readers in it are faces
+    of that opened version. It implements ``StorageKind`` (``storage.core.kind``), the
+    contract the lifecycle modules (opening, readers, writing, the commit) hold it to.
 
     Parameters
     ----------
@@ -99,10 +101,9 @@ class Storage(abc.ABC):
         self.read_options = read
         self.layout_options = layout
         self.notes = _checked_notes(notes)
-        from rangestream.storage.opening import Opening
-
-        #: The version this process opened for reads made on the storage itself.
-        self._default_opening: Opening = Opening(self)
+        #: The version this process opened for reads made on the storage itself (its
+        #: ``len``, a dataset's sizes, ``zarr_group``); readers open their own.
+        self.default_opening: Opening = Opening(self)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
@@ -150,7 +151,7 @@ class Storage(abc.ABC):
         ``StatefulDataLoader`` calls it before its workers fork, so that forked workers do
         not each import the S3 client before their first batch.
         """
-        self._new_store().preload()
+        self.new_store().preload()
 
     def _layout(
         self,
@@ -189,15 +190,15 @@ class Storage(abc.ABC):
         Every stored array is plain Zarr v3; this hands zarr-python the group of the version
         the root names, ``data/<commit>``: ``group["shards/0/stream"][:10]``.
         """
-        from rangestream.storage.zarr_view import open_zarr_group
+        from rangestream.storage.core.zarr_view import open_zarr_group
 
-        return open_zarr_group(self)
+        return open_zarr_group(self, self.default_opening)
 
-    def _reading_format(self, manifest: Manifest) -> Any:
+    def reading_format(self, manifest: Manifest) -> Any:
         """The format reads decode with: the one given, else the one the store describes."""
         return None
 
-    def _open_index(self, manifest: Manifest) -> Program[Any]:
+    def open_index(self, manifest: Manifest) -> Program[Any]:
         """What opening reads after the root document (a kind's compact index), if anything.
 
         A read program (``rangestream.layout.executors``) whose result is handed to the
@@ -206,12 +207,12 @@ class Storage(abc.ABC):
         return None
         yield  # a generator that yields nothing
 
-    # -- hooks of the storage kinds --------------------------------------------------
+    # -- what each kind supplies (the StorageKind members it overrides) ---------------
     @abc.abstractmethod
-    def _array_layouts(self) -> dict[str, ArrayLayout]:
+    def array_layouts(self) -> dict[str, ArrayLayout]:
         """The arrays every shard of a new write has, and their layouts."""
 
-    def _array_attributes(self, name: str) -> dict[str, Any]:
+    def array_attributes(self, name: str) -> dict[str, Any]:
         return {}
 
     def _writing_format(self) -> Any:
@@ -225,12 +226,12 @@ class Storage(abc.ABC):
             )
         return storage_format
 
-    def _schema(self) -> dict[str, Any]:
+    def kind_schema(self) -> dict[str, Any]:
         return {}
 
-    def _committed_schema(self) -> dict[str, Any]:
-        """The schema a commit stores: the kind's (``_schema``) and the caller's ``notes``."""
-        schema = self._schema()
+    def committed_schema(self) -> dict[str, Any]:
+        """The schema a commit stores: the kind's (``kind_schema``) and the caller's ``notes``."""
+        schema = self.kind_schema()
         clash = sorted(set(schema) & set(self.notes))
         if clash:
             raise ValueError(
@@ -238,14 +239,14 @@ class Storage(abc.ABC):
             )
         return {**schema, **self.notes}
 
-    def _check_schema(self, manifest: Manifest) -> None:  # noqa: B027 - optional hook
+    def check_schema(self, manifest: Manifest) -> None:  # noqa: B027 - optional hook
         """Raise ``SchemaMismatchError`` if the caller's format differs from the stored one."""
 
     @abc.abstractmethod
-    def _shard_encoder(self) -> ShardEncoder:
+    def shard_encoder(self) -> ShardEncoder:
         """A fresh encoder for one shard of a writer."""
 
-    def _bind_record(self, data: Any) -> Storage:
+    def bind_record(self, data: Any) -> Storage:
         """The storage that writes ``data`` and every later record of one writer.
 
         Kinds whose schema comes from the first record written (``TemporalArrayStorage``)
@@ -254,15 +255,15 @@ class Storage(abc.ABC):
         """
         return self
 
-    def _bind_schema(self, schema: dict[str, Any], where: str) -> Storage:
+    def bind_schema(self, schema: dict[str, Any], where: str) -> Storage:
         """The storage that commits parts whose writers recorded ``schema`` (from ``where``).
 
-        Called once per part that carries a schema (see ``_bind_record``); a kind raises
+        Called once per part that carries a schema (see ``bind_record``); a kind raises
         ``SchemaMismatchError`` if ``schema`` differs from one it is already bound to.
         """
         return self
 
-    async def _write_derived_index(  # noqa: B027 - optional hook
+    async def write_derived_index(  # noqa: B027 - optional hook
         self, store: ObjectStore, manifest: Manifest
     ) -> None:
         """Write index arrays computed from the written shards, before the commit publishes.
@@ -272,12 +273,12 @@ class Storage(abc.ABC):
         """
 
     # -- stores -------------------------------------------------------------------------
-    def _new_store(self) -> ObjectStore:
+    def new_store(self) -> ObjectStore:
         return open_store(self.url, self.storage_options)
 
-    def _new_write_store(self) -> ObjectStore:
+    def new_write_store(self) -> ObjectStore:
         """The store for writers and commits: remote calls retried like range reads."""
-        store = self._new_store()
+        store = self.new_store()
         if isinstance(store, LocalStore):  # local errors are not transient
             return store
         return RetryingStore(store, self.retry)
@@ -317,9 +318,9 @@ class Storage(abc.ABC):
             raise MetadataError(
                 f"{self.url}/{ROOT_KEY} cannot be read, so there is no version to append to"
             )
-        return new_session(self._appending(manifest), False, manifest)
+        return new_session(self.appending_to(manifest), False, manifest)
 
-    def _appending(self, manifest: Manifest) -> Storage:
+    def appending_to(self, manifest: Manifest) -> Storage:
         """This storage, ready to append shards to ``manifest``'s version."""
         if manifest.kind != self.kind:
             raise SchemaMismatchError(
@@ -329,12 +330,12 @@ class Storage(abc.ABC):
         storage: Storage = self
         if getattr(self, "storage_format", False) is None:  # take the recorded format
             storage = copy.copy(self)
-            storage.storage_format = self._reading_format(manifest)  # type: ignore[attr-defined]
-        storage._check_schema(manifest)
+            storage.storage_format = self.reading_format(manifest)  # type: ignore[attr-defined]
+        storage.check_schema(manifest)
         return appending_storage(storage, manifest)
 
     async def _probe(self) -> tuple[bool, Manifest | None]:
-        store = self._new_write_store()
+        store = self.new_write_store()
         try:
             return await read_committed(store)
         finally:

@@ -21,8 +21,8 @@ from rangestream.arguments import integer
 from rangestream.errors import CorruptDataError, OutOfRangeError, UnknownFieldError
 from rangestream.layout.executors import Program
 from rangestream.layout.pieces import RowRead
-from rangestream.storage.offset_chunks import OffsetChunks
-from rangestream.storage.opening import OpenedStorage
+from rangestream.storage.core.opening import OpenedStorage
+from rangestream.storage.document.offset_chunks import OffsetChunks
 from rangestream.types import DocumentStorageFormat
 
 _INT64 = np.dtype("<i8")
@@ -39,7 +39,7 @@ class OpenedDocuments(OpenedStorage):
         self.document_bounds = self.bounds("payload_offsets", minus=1)
         self.num_documents = int(self.document_bounds[-1])
         storage: Any = self.storage
-        self.format: DocumentStorageFormat[Any, Any] = storage._reading_format(self.manifest)
+        self.format: DocumentStorageFormat[Any, Any] = storage.reading_format(self.manifest)
         self.offset_rows = self.manifest.arrays["payload_offsets"].chunk_rows
         self.offsets = OffsetChunks(storage.offsets_cache_bytes, self.offset_rows)
 

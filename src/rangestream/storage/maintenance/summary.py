@@ -27,8 +27,8 @@ from rangestream.layout.manifest import (
     shard_prefix,
 )
 from rangestream.layout.manifest_parsing import parse_root
-from rangestream.storage.gc import find_orphans
-from rangestream.storage.store_errors import library_errors
+from rangestream.storage.core.store_errors import library_errors
+from rangestream.storage.maintenance.gc import find_orphans
 
 __all__ = ["DatasetSummary", "summarize_dataset"]
 

@@ -30,7 +30,7 @@ from rangestream.io.store import ObjectStore
 from rangestream.layout.manifest import MAX_ROOT_BYTES
 
 if TYPE_CHECKING:
-    from rangestream.storage.base import Storage
+    from rangestream.storage.core.kind import StorageKind
 
 #: The part format writers write; ``READ_PART_FORMATS`` are those commits read.
 PART_FORMAT_VERSION = 2
@@ -217,8 +217,8 @@ class GatheredParts:
 
 
 def gather_parts(
-    storage: Storage, keys: Sequence[str], raws: Sequence[bytes], describe: Callable[[str], str]
-) -> tuple[Storage, GatheredParts]:
+    storage: StorageKind, keys: Sequence[str], raws: Sequence[bytes], describe: Callable[[str], str]
+) -> tuple[StorageKind, GatheredParts]:
     """The session's parts, read (``keys``, ``raws``), and the storage bound to their schema.
 
     Errors are those a part-by-part reading in key order meets first: an unreadable part,
@@ -232,7 +232,7 @@ def gather_parts(
         try:
             part = parse_part(raw, key, describe)
             if part.schema is not None and part.schema != bound:
-                storage = storage._bind_schema(part.schema, describe(key))
+                storage = storage.bind_schema(part.schema, describe(key))
                 bound = part.schema
         except Exception:
             _sorted_ids(parts, describe)  # an overlap among the earlier parts came first

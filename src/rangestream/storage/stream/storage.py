@@ -3,7 +3,7 @@
 Per shard: ``stream`` (the elements) and ``record_ends`` (cumulative element count at the
 end of each record). This module holds what a stream storage is (its arrays, schema and
 format) and its two readers; windows over the concatenation of shards are read by
-``stream_windows``, records by ``stream_records``.
+``stream.windows``, records by ``stream.records``.
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ from rangestream.layout.dtypes import (
     little_endian,
 )
 from rangestream.layout.manifest import ROOT_KEY, Manifest
-from rangestream.storage.base import Storage
-from rangestream.storage.readers import AsyncReader, StorageFacts, SyncReader
-from rangestream.storage.stream_windows import OpenedStream
-from rangestream.storage.writing import ShardEncoder
+from rangestream.storage.core.base import Storage
+from rangestream.storage.core.kind import ShardEncoder
+from rangestream.storage.core.readers import AsyncReader, StorageFacts, SyncReader
+from rangestream.storage.stream.windows import OpenedStream
 from rangestream.types import StreamStorageFormat
 
 __all__ = ["StreamStorage", "check_stream_format"]
@@ -132,15 +132,15 @@ class StreamStorage(Storage):
         dataset in this process, once, when no format was given)."""
         if self.storage_format is not None:
             return np.dtype(self.storage_format.stream_dtype)
-        return self._default_opening.get_sync().dtype  # type: ignore[attr-defined, no-any-return]
+        return self.default_opening.get_sync().dtype  # type: ignore[attr-defined, no-any-return]
 
-    def _array_layouts(self) -> dict[str, ArrayLayout]:
+    def array_layouts(self) -> dict[str, ArrayLayout]:
         return {
             "stream": self._layout(self._writing_format().stream_dtype),
             "record_ends": self._layout(_INT64, chunk_bytes=max(self.chunk_bytes, 8192)),
         }
 
-    def _schema(self) -> dict[str, Any]:
+    def kind_schema(self) -> dict[str, Any]:
         storage_format = self._writing_format()
         schema = {"stream_dtype": dtype_to_json(little_endian(storage_format.stream_dtype))}
         described = format_schema(storage_format)
@@ -151,7 +151,7 @@ class StreamStorage(Storage):
     def _stored_dtype(self, manifest: Manifest) -> np.dtype[Any]:
         return dtype_from_json(manifest.schema.get("stream_dtype"), "stored stream_dtype")
 
-    def _reading_format(self, manifest: Manifest) -> Any:
+    def reading_format(self, manifest: Manifest) -> Any:
         """The given format once checked against the store, else the one it records."""
         stored = self._stored_dtype(manifest)
         where = f"{self.url}/{ROOT_KEY}"
@@ -186,12 +186,12 @@ class StreamStorage(Storage):
             )
         return storage_format
 
-    def _check_schema(self, manifest: Manifest) -> None:
+    def check_schema(self, manifest: Manifest) -> None:
         if set(manifest.arrays) != {"stream", "record_ends"}:
             raise SchemaMismatchError(f"{self.url} does not hold a stream dataset's arrays")
-        self._reading_format(manifest)
+        self.reading_format(manifest)
 
-    def _shard_encoder(self) -> ShardEncoder:
+    def shard_encoder(self) -> ShardEncoder:
         return _StreamShardEncoder(self._writing_format())
 
 

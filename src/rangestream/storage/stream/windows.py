@@ -18,7 +18,7 @@ from rangestream.errors import OutOfRangeError
 from rangestream.layout.caches import ArrayCache
 from rangestream.layout.executors import Program
 from rangestream.layout.pieces import Output, RowRead, StoredArray
-from rangestream.storage.stream_records import StreamRecords
+from rangestream.storage.stream.records import StreamRecords
 
 _MAX_SEGMENT_ARRAYS = 4096
 #: One window's elements, its per-shard segment lengths and shard ids (``unpack``'s input).
@@ -112,7 +112,7 @@ class OpenedStream(StreamRecords):
         self._bounds: list[int] = bounds.tolist()  # bisect on ints beats numpy here
         self.dtype = self.manifest.arrays["stream"].dtype
         self.itemsize = self.dtype.itemsize
-        self.format: Any = self.storage._reading_format(self.manifest)
+        self.format: Any = self.storage.reading_format(self.manifest)
         self.unpack = self.format.unpack
         self._streams = self.arrays_of("stream")  # made per shard when first read
         self._segment_arrays: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
