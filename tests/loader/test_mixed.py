@@ -30,11 +30,11 @@ from rangestream.loader import (
     LoaderPosition,
     StatefulDataLoader,
 )
-from rangestream.loader.geometry import WindowGeometry
-from rangestream.loader.mixed import MixedSource
-from rangestream.loader.mixing import MixedOrder
-from rangestream.loader.mixture import Mixture, MixtureSource
-from rangestream.loader.phases import EpochPosition, reader_region
+from rangestream.loader.mixing.mixed_order import MixedOrder
+from rangestream.loader.mixing.mixed_source import MixedSource
+from rangestream.loader.mixing.mixture import Mixture, MixtureSource
+from rangestream.loader.orders.geometry import WindowGeometry
+from rangestream.loader.orders.phases import EpochPosition, reader_region
 
 from .fakes import FakeStreamDataset, FakeStreamStorage
 

@@ -2,16 +2,17 @@
 
 Why whole batches: a worker that assembles and collates a full batch hands the DataLoader one
 object per step, so the DataLoader's worker round robin *is* the batch order and the position
-is simply "steps taken" (see :mod:`rangestream.loader.plan`). Use
+is simply "steps taken" (see :mod:`rangestream.loader.orders.sequence_plan`). Use
 :class:`BatchIterableDataset` with ``batch_size=None`` in a plain
 ``torch.utils.data.DataLoader``, or through :class:`rangestream.loader.StatefulDataLoader`,
 which also resumes across worker counts.
 
-What is read comes from a :class:`~rangestream.loader.sources.SampleSource`; how batches are
-cut, from :class:`~rangestream.loader.options.BatchOptions`. Nothing that does I/O is made
+What is read comes from a :class:`~rangestream.loader.sources.protocol.SampleSource`; how batches
+are cut, from :class:`~rangestream.loader.options.BatchOptions`. Nothing that does I/O is made
 before the process that iterates enters the source's reader (after any fork), so the
 ``fork``, ``spawn`` and ``forkserver`` start methods all work. Sequence orders are read by
-:mod:`rangestream.loader.reading`, the block shuffle by :mod:`rangestream.loader.block_reading`.
+:mod:`rangestream.loader.reading.sequential`, the block shuffle by
+:mod:`rangestream.loader.reading.blocks`.
 """
 
 from __future__ import annotations
@@ -23,25 +24,23 @@ from typing import Any
 from torch.utils.data import IterableDataset, get_worker_info
 
 from rangestream.errors import LoaderConfigError, StateError
-from rangestream.loader.block_reading import BlockIterator, generate_block_sync
-from rangestream.loader.bundles import bundled
-from rangestream.loader.mixed import MixedSource
-from rangestream.loader.mixed_blocks import MixedBlockIterator, generate_mixed_block_sync
+from rangestream.loader.mixing.mixed_source import MixedSource
 from rangestream.loader.options import DEFAULT_PREFETCH, BatchOptions
-from rangestream.loader.persistence import KeptReader, SharedPosition
-from rangestream.loader.phases import EpochPosition
-from rangestream.loader.plan import EpochPlan
-from rangestream.loader.position import LoaderPosition
-from rangestream.loader.reading import (
+from rangestream.loader.orders.phases import EpochPosition
+from rangestream.loader.orders.sequence_plan import EpochPlan
+from rangestream.loader.position import KeptReader, LoaderPosition, SharedPosition
+from rangestream.loader.reading.blocks import BlockIterator, generate_block_sync
+from rangestream.loader.reading.mixed_blocks import MixedBlockIterator, generate_mixed_block_sync
+from rangestream.loader.reading.sequential import (
     PrefetchingIterator,
     check_same_count,
     generate_sync,
     head_stretch,
     span_stretch_steps,
 )
-from rangestream.loader.source_io import SourceIO
-from rangestream.loader.sources import SampleSource
-from rangestream.loader.tasks import IterationTasks
+from rangestream.loader.reading.tasks import IterationTasks
+from rangestream.loader.sources.protocol import SampleSource
+from rangestream.loader.transport import SourceIO, bundled
 
 __all__ = ["BatchIterableDataset", "Start"]
 
@@ -73,9 +72,9 @@ class BatchIterableDataset(IterableDataset[Any]):
     Parameters
     ----------
     source : SampleSource
-        What is read, in which order: :class:`~rangestream.loader.sources.IndexedSource`
-        (windows, documents), :class:`~rangestream.loader.temporal.TemporalWindowSource`,
-        :class:`~rangestream.loader.mixed.MixedSource`, ...
+        What is read, in which order: :class:`~rangestream.loader.sources.indexed.IndexedSource`
+        (windows, documents), :class:`~rangestream.loader.sources.temporal.TemporalWindowSource`,
+        :class:`~rangestream.loader.mixing.mixed_source.MixedSource`, ...
     options : BatchOptions, optional
         Batch size, rank and world size, end-of-epoch policy, prefetch, collate function.
 
@@ -380,7 +379,7 @@ class BatchIterableDataset(IterableDataset[Any]):
     def __iter__(self) -> Iterator[Any]:
         batches = self._batches()
         if self._tagged and get_worker_info() is not None:
-            return bundled(batches)  # several batches per message (loader.bundles)
+            return bundled(batches)  # several batches per message (loader.transport)
         return batches
 
     def _batches(self) -> Iterator[Any]:

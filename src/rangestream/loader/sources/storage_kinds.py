@@ -15,7 +15,7 @@ storage class carries:
 Duck typing on one attribute keeps this layer free of imports from ``storage/`` (data flows
 loader -> dataset -> storage, and the loader needs only the dataset classes). A new storage
 kind registers a builder with :func:`register_storage_kind`: a function from the storage and
-its :class:`SourceOptions` to a :class:`~rangestream.loader.sources.SampleSource`.
+its :class:`SourceOptions` to a :class:`~rangestream.loader.sources.protocol.SampleSource`.
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from rangestream.errors import LoaderConfigError
-from rangestream.loader.sources import IndexedSource, SampleSource, shuffle_mode
-from rangestream.loader.temporal import TemporalWindowSource
+from rangestream.loader.sources.indexed import IndexedSource, shuffle_mode
+from rangestream.loader.sources.protocol import SampleSource
+from rangestream.loader.sources.temporal import TemporalWindowSource
 
 __all__ = [
     "SourceBuilder",

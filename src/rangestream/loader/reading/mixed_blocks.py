@@ -1,16 +1,10 @@
-"""A mixture read with a block shuffle per source.
+"""Reading a block-shuffled mixture: each source's runs read ahead, positions taken in order.
 
-Each source runs its own block shuffle (:class:`~rangestream.loader.shuffle.BlockShuffle`)
-over its draws: draw ``j`` of source ``s`` in epoch ``e`` is, through its pass or down-sampling
-cycle (:class:`~rangestream.loader.mixture.SourceDraws`), a position of one of ``s``'s block
-orders. Readers (DataLoader workers of ranks) own regions of the *global* order, cut as the
-block shuffle cuts one source (:func:`~rangestream.loader.phases.reader_region`). The
-interleave's prefix counts are monotone, so a reader's region ``[a, b)`` of global positions
-holds, of each source, the contiguous draws ``[c_s(a), c_s(b))``: a region of that source's
-draw sequence sized by its count of the source's samples over the reader's steps, never a
-fixed ``B`` per step. Each source's region is walked buffer by buffer and read run by run
-(one ``read_many`` per run), and each global position takes the next window of its source;
-a reader holds one buffer per source (``K_s`` runs) plus each source's read-ahead.
+The plan (:mod:`rangestream.loader.mixing.block_plan`) gives a reader its global intervals
+and, per source, the segments of its region of that source's draws. Each source's region is
+walked buffer by buffer and read run by run (one ``read_many`` per run), and each global
+position takes the next window of its source; a reader holds one buffer per source (``K_s``
+runs) plus each source's read-ahead.
 """
 
 from __future__ import annotations
@@ -18,103 +12,49 @@ from __future__ import annotations
 import concurrent.futures
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from rangestream.errors import StateError
-from rangestream.loader.block_reading import needed_windows
-from rangestream.loader.mixture import SourceDraws
-from rangestream.loader.phases import phase_layout, reader_region
-from rangestream.loader.reading import raise_no_batch
-from rangestream.loader.shuffle import BlockShuffle
-from rangestream.loader.tasks import BatchIterator, emit_batches
-from rangestream.loader.worker_plan import RunRead
+from rangestream.loader.mixing.block_plan import MixedPlan, Segment, mixed_block_plan
+from rangestream.loader.orders.phases import phase_layout
+from rangestream.loader.orders.worker_plan import RunRead
+from rangestream.loader.reading.blocks import needed_windows
+from rangestream.loader.reading.sequential import raise_no_batch
+from rangestream.loader.reading.tasks import BatchIterator, emit_batches
 
 if TYPE_CHECKING:
     from rangestream.loader.iterable import BatchIterableDataset, Start
-    from rangestream.loader.mixed import MixedSource
+    from rangestream.loader.mixing.mixed_source import MixedSource
 
-__all__ = ["CYCLE_EPOCH", "MixedBlockIterator", "generate_mixed_block_sync", "source_ranges"]
-
-CYCLE_EPOCH = 2**62
-"""The block order key of a source's down-sampling cycle (passes use their pass numbers)."""
-
-_CHUNK = 4096  # global positions whose sources are computed together
-
-Segment = tuple[np.ndarray, tuple[RunRead, ...]]
+__all__ = ["MixedBlockIterator", "generate_mixed_block_sync", "plan_reader"]
 
 
-def source_ranges(
-    draws: SourceDraws, epoch: int, first: int, stop: int
-) -> Iterator[tuple[int, int, int]]:
-    """``(order key, start, stop)``: the block-order positions of draws ``[first, stop)``.
-
-    Whole passes read pass ``epoch * passes + j // M`` at ``j % M``; the rest reads the
-    cycle at ``(j - passes * M + epoch * remainder) % M`` (as :meth:`SourceDraws.keys`), so a
-    range of draws is at most a few contiguous ranges of positions.
-    """
-    size, passes = draws.size, draws.passes
-    whole = passes * size
-    cycle_start = (epoch * draws.remainder) % size
-    j = first
-    while j < stop:
-        if j < whole:
-            number, index = divmod(j, size)
-            end = min(stop, (number + 1) * size)
-            yield epoch * passes + number, index, index + end - j
-        else:
-            index = (j - whole + cycle_start) % size
-            end = min(stop, j + size - index)
-            yield CYCLE_EPOCH, index, index + end - j
-        j = end
-
-
-@dataclass
-class MixedPlan:
-    """A reader's remaining steps, its global intervals and each source's segments."""
-
-    steps: np.ndarray
-    batch_size: int
-    workers: int
-    intervals: list[tuple[int, int]]
-    segments: list[Iterator[Segment]]
-
-
-def mixed_block_plan(dataset: BatchIterableDataset, reader: Any, start: Start) -> MixedPlan:
+def plan_reader(dataset: BatchIterableDataset, reader: Any, start: Start) -> MixedPlan:
+    """This reader's mixed block plan (the sources' block shuffles chosen on first use)."""
     source: MixedSource = dataset.source  # type: ignore[assignment]
     options = dataset.options
     num_samples = dataset.check_num_samples(source.num_samples(reader))
-    shuffles = source.block_shuffle(num_samples, options.world_size * start.num_workers)  # type: ignore[operator]
+    readers = options.world_size * start.num_workers  # type: ignore[operator]
+    shuffles = source.block_shuffle(num_samples, readers)
     position = start.phases
     assert position is not None
     layout, _ = phase_layout(num_samples, position)
     if position.consumed_samples == 0 and layout.num_steps == 0:
         raise_no_batch(dataset, num_samples)
-    steps, intervals = reader_region(num_samples, position, rank=options.rank,  # type: ignore[arg-type]
-                                     worker_id=start.worker_id)  # fmt: skip
-    order = source.order
-    ranges: list[list[tuple[int, int]]] = [[] for _ in source.sources]
-    for low, high in intervals:
-        before = order.draws_before(start.epoch, low)
-        after = order.draws_before(start.epoch, high)
-        for number in np.flatnonzero(after > before).tolist():
-            ranges[number].append((int(before[number]), int(after[number])))
-
-    def segments(number: int, shuffle: BlockShuffle) -> Iterator[Segment]:
-        draws = order.draws_per_source[number]
-        for first, stop in ranges[number]:
-            for key, low, high in source_ranges(draws, start.epoch, first, stop):
-                yield from shuffle.segments(key, low, high)
-
-    return MixedPlan(
-        steps=steps,
-        batch_size=options.batch_size,
-        workers=position.phase.num_workers,
-        intervals=intervals,
-        segments=[segments(number, shuffle) for number, shuffle in enumerate(shuffles)],
+    return mixed_block_plan(
+        source.order,
+        shuffles,
+        num_samples,
+        position,
+        epoch=start.epoch,
+        rank=options.rank,  # type: ignore[arg-type]
+        worker_id=start.worker_id,
     )
+
+
+_CHUNK = 4096  # global positions whose sources are computed together
 
 
 class _Now:
@@ -225,7 +165,7 @@ def generate_mixed_block_sync(
     dataset: BatchIterableDataset, reader: Any, start: Start
 ) -> Iterator[Any]:
     """The reader's batches of a block-shuffled mixture, read run by run (local disk)."""
-    plan = mixed_block_plan(dataset, reader, start)
+    plan = plan_reader(dataset, reader, start)
     source: MixedSource = dataset.source  # type: ignore[assignment]
 
     def read(number: int, requests: list[Any]) -> _Now:
@@ -247,7 +187,7 @@ class MixedBlockIterator(BatchIterator):
 
     async def _open(self) -> tuple[Any, MixedPlan]:
         reader = await self._dataset.async_reader(self.tasks)
-        return reader, mixed_block_plan(self._dataset, reader, self._start)
+        return reader, plan_reader(self._dataset, reader, self._start)
 
     def _next_step(self) -> tuple[int, list[Any]] | None:
         dataset = self._dataset

@@ -1,41 +1,29 @@
-"""Sample sources: the one contract between the loader and what it reads.
+"""Windows, documents and records read by index: the :class:`IndexedSource`.
 
-The loader (:class:`rangestream.loader.BatchIterableDataset`) cuts an epoch into batches,
-ranks and workers, reads ahead and keeps the position. What it reads comes from a
-:class:`SampleSource`, which answers four questions:
-
-- how many samples an epoch has (:meth:`~SampleSource.count` in the calling process,
-  :meth:`~SampleSource.num_samples` from a reader in the process that iterates);
-- which read request sequence index ``i`` of epoch ``e`` becomes
-  (:meth:`~SampleSource.requests`: the order, a shuffle or a draw, lives here);
-- how to read a batch of requests, synchronously (local disk: no event loop) or
-  asynchronously (object storage, on the process's I/O loop);
-- what identifies its order, so a saved position is only resumed under the same order.
-
-Windows and documents (:class:`IndexedSource`), random temporal windows
-(:class:`rangestream.loader.temporal.TemporalWindowSource`) and mixtures of sources
-(:class:`rangestream.loader.mixed.MixedSource`) are implementations; a dataset of whole
-records with ``read_many(indexes)`` readers is one more :class:`IndexedSource`.
+The most common :class:`~rangestream.loader.sources.protocol.SampleSource`: a dataset whose
+readers have ``read_many(indexes)`` (``StreamDataset``, ``DocumentDataset``, whole temporal
+records), read in storage order, by a per-window :class:`Permutation`, or planned by the
+block shuffle (:mod:`rangestream.loader.orders.block_shuffle`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 import numpy as np
 
 from rangestream.arguments import positive_integer
 from rangestream.errors import LoaderConfigError
-from rangestream.loader.permutation import Permutation
-from rangestream.loader.shuffle import DEFAULT_RUN_BYTES, BlockShuffle, buffer_runs_for
+from rangestream.loader.orders.block_shuffle import DEFAULT_RUN_BYTES, BlockShuffle, buffer_runs_for
+from rangestream.loader.orders.permutation import Permutation
 
-__all__ = ["SHUFFLES", "IndexedDataset", "IndexedSource", "SampleSource", "shuffle_mode"]
+__all__ = ["SHUFFLES", "IndexedDataset", "IndexedSource", "shuffle_mode"]
 
 SHUFFLES = ("block", "window", False)
 """Orders of an indexed source: the block shuffle (runs of windows read whole, mixed within
-buffers: :mod:`rangestream.loader.shuffle`), a per-window global shuffle, or storage
+buffers: :mod:`rangestream.loader.orders.block_shuffle`), a per-window global shuffle, or storage
 order."""
 
 
@@ -50,54 +38,6 @@ def shuffle_mode(shuffle: object) -> str | bool:
 
 def _optional_count(value: int | None, name: str) -> int | None:
     return None if value is None else positive_integer(value, name, error=LoaderConfigError)
-
-
-@runtime_checkable
-class SampleSource(Protocol):
-    """What the loader reads: samples per epoch, the order, and sync and async reads.
-
-    A source is a picklable description: it is sent to DataLoader workers, and it opens
-    nothing until the loader enters :meth:`open_sync` or :meth:`open_async` in the process
-    that iterates (after any fork). ``reader`` below is what that context yields.
-    """
-
-    #: Seed of the order (equal on every rank); saved with every state.
-    seed: int
-
-    def identity(self) -> dict[str, Any]:
-        """Plain data that defines the epoch's order (checked when a state is loaded)."""
-
-    def count(self) -> int:
-        """Samples per epoch, counted in the calling process (``len(loader)``)."""
-
-    def num_samples(self, reader: Any) -> int:
-        """Samples per epoch, from the reader of the iterating process."""
-
-    def requests(self, reader: Any, indices: np.ndarray, epoch: int) -> Sequence[Any]:
-        """Read requests of epoch-sequence ``indices`` (``int64``), in order."""
-
-    def open_sync(self) -> AbstractContextManager[Any] | None:
-        """A sync reader's context where reads are local copies; ``None`` reads remotely
-        through :meth:`open_async` on the process's I/O loop."""
-
-    def open_async(self) -> AbstractAsyncContextManager[Any]:
-        """The async reader's context, entered on the process's I/O loop."""
-
-    def read_many_sync(self, reader: Any, requests: list[Any]) -> list[Any]:
-        """Samples of ``requests`` from the reader of :meth:`open_sync`."""
-
-    async def read_many(self, reader: Any, requests: list[Any]) -> list[Any]:
-        """Samples of ``requests``, read together (one round of coalesced requests)."""
-
-    def sample_span_bytes(self) -> int | None:
-        """Storage bytes between consecutive samples of the epoch's order if they are
-        adjacent there (sequential windows; documents, on average), else ``None``."""
-
-    def reads_per_batch(self) -> int:
-        """``read_many`` calls the requests of one batch become (a mixture's sources)."""
-
-    def preload(self) -> None:
-        """Import the client code reading will need (before DataLoader workers fork)."""
 
 
 class IndexedDataset(Protocol):
@@ -121,7 +61,7 @@ class IndexedSource:
         ``StreamDataset``, ``DocumentDataset`` or any dataset with the same readers.
     shuffle : {"block", "window", False}, default "window"
         ``"window"`` (or ``True``): a seeded global :class:`Permutation` per epoch.
-        ``"block"``: the block shuffle (:mod:`rangestream.loader.shuffle`); the loader
+        ``"block"``: the block shuffle (:mod:`rangestream.loader.orders.block_shuffle`); the loader
         plans it by regions and reads runs whole, this source reads in storage order.
         ``False``: storage order.
     seed : int, default 0

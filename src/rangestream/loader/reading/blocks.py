@@ -1,7 +1,7 @@
 """Reading a block-shuffled epoch: one ``read_many`` per run, batches as reads arrive.
 
-A worker's :class:`~rangestream.loader.worker_plan.WorkerPlan` lists read groups (one per
-buffer its region visits), each a list of :class:`~rangestream.loader.worker_plan.RunRead` s
+A worker's :class:`~rangestream.loader.orders.worker_plan.WorkerPlan` lists read groups (one per
+buffer its region visits), each a list of :class:`~rangestream.loader.orders.worker_plan.RunRead` s
 in the order their windows are first needed. The worker issues one ``read_many`` per
 ``RunRead``, in that order, keeps the windows of the group being handed out (at most one
 buffer: ``K`` runs) and hands out a step as soon as the reads holding its windows have
@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rangestream.loader.reading import raise_no_batch
-from rangestream.loader.tasks import BatchIterator, emit_batches
-from rangestream.loader.worker_plan import ReadGroup, RunRead, WorkerPlan
+from rangestream.loader.orders.worker_plan import ReadGroup, RunRead, WorkerPlan
+from rangestream.loader.reading.sequential import raise_no_batch
+from rangestream.loader.reading.tasks import BatchIterator, emit_batches
 
 if TYPE_CHECKING:
     from rangestream.loader.iterable import BatchIterableDataset, Start

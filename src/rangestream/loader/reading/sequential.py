@@ -1,8 +1,8 @@
 """Reading an epoch in sequence order: stretches of steps, read ahead within a budget.
 
 The per-window shuffle, storage order, temporal draws and mixtures all make the epoch one
-global sequence (:mod:`rangestream.loader.plan`). A worker builds *stretches* of consecutive
-steps when the consumer puts tagged batches back in order, and reads a stretch with one
+global sequence (:mod:`rangestream.loader.orders.sequence_plan`). A worker builds *stretches* of
+consecutive steps when the consumer puts tagged batches back in order, and reads a stretch with one
 ``read_many`` call, so its ranges are coalesced: in sequential order a stretch of adjacent
 windows, up to :data:`STRETCH_READ_BYTES`, is one range request. Over a remote store reads
 are issued on the process's I/O loop in order, at most ``prefetch`` samples ahead of the
@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rangestream.errors import LoaderConfigError, StateError
-from rangestream.loader.plan import EpochPlan
-from rangestream.loader.tasks import BatchIterator, IterationTasks
+from rangestream.loader.orders.sequence_plan import EpochPlan
+from rangestream.loader.reading.tasks import BatchIterator, IterationTasks
 
 if TYPE_CHECKING:
     from rangestream.loader.iterable import BatchIterableDataset, Start

@@ -1,8 +1,8 @@
 """A weighted mixture of sample sources, as one sample source.
 
 Each source is read in storage order (windows, documents) or by its own draws (temporal
-windows); :class:`~rangestream.loader.mixing.MixedOrder` says which source and which sample
-each position of the epoch takes, exact at every prefix and shuffled per source. So the
+windows); :class:`~rangestream.loader.mixing.mixed_order.MixedOrder` says which source and which
+sample each position of the epoch takes, exact at every prefix and shuffled per source. So the
 loader plans, reads ahead, counts and resumes a mixture exactly as one source: the position
 is still ``consumed_samples``. A batch's requests are grouped by source and each group is
 read with its source's own ``read_many`` (concurrently over a remote store), so mixing adds
@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 
 from rangestream.errors import LoaderConfigError, StateError
-from rangestream.loader.mixing import MixedOrder
-from rangestream.loader.mixture import Mixture, MixtureSource
-from rangestream.loader.shuffle import DEFAULT_RUN_BYTES, BlockShuffle, buffer_runs_for
-from rangestream.loader.sources import SampleSource
-from rangestream.loader.storage_kinds import (
+from rangestream.loader.mixing.mixed_order import MixedOrder
+from rangestream.loader.mixing.mixture import Mixture, MixtureSource
+from rangestream.loader.orders.block_shuffle import DEFAULT_RUN_BYTES, BlockShuffle, buffer_runs_for
+from rangestream.loader.sources.protocol import SampleSource
+from rangestream.loader.sources.storage_kinds import (
     SourceOptions,
     build_source,
     default_shuffle,
@@ -60,7 +60,8 @@ class MixedReader:
 
 
 class MixedSource:
-    """Sources mixed by weight into one epoch order (see :mod:`rangestream.loader.mixing`).
+    """Sources mixed by weight into one epoch order (see
+    :mod:`rangestream.loader.mixing.mixed_order`).
 
     Parameters
     ----------
@@ -77,7 +78,7 @@ class MixedSource:
     shuffle : {True, "window", "block", False}, default True
         Shuffle each source per sample (``True`` or ``"window"``: a fresh order per pass),
         with its own block shuffle (``"block"``: runs of about 4 MiB read whole, see
-        :mod:`rangestream.loader.mixed_blocks`), or read each in storage order.
+        :mod:`rangestream.loader.reading.mixed_blocks`), or read each in storage order.
     run_windows, buffer_runs : sequence of int, optional
         The block shuffle's parameters per source; chosen from the data when omitted and
         kept in the state once chosen.
