@@ -207,11 +207,7 @@ class StatefulDataLoader(StorageConstructors, torchdata.stateful_dataloader.Stat
         """
         source = self.dataset.source
         position = self.dataset.position
-        counts = getattr(source, "source_counts", None)
-        if counts is None:
-            samples = {"source": position.consumed_samples}
-        else:
-            samples = counts(position.epoch, 0, position.consumed_samples)
+        samples = source.source_counts(position.epoch, 0, position.consumed_samples)
         io = self._io_by_source or [[0, 0] for _ in samples]
         return {
             name: {"samples": count, "requests": requests, "bytes": nbytes}
@@ -230,11 +226,8 @@ class StatefulDataLoader(StorageConstructors, torchdata.stateful_dataloader.Stat
         :meth:`state_dict`, so a resumed run replays the same curriculum.
         """
         source = self.dataset.source
-        set_weights = getattr(source, "set_weights", None)
-        if set_weights is None:
-            raise LoaderConfigError(f"{source!r} is not a mixture; it has no weights to set")
         position = self.dataset.position
-        set_weights(weights, epoch=position.epoch, position=position.consumed_samples)
+        source.set_weights(weights, epoch=position.epoch, position=position.consumed_samples)
         self._order_version += 1
         self._iterator = None  # workers (persistent ones too) hold the old order
 
@@ -245,7 +238,7 @@ class StatefulDataLoader(StorageConstructors, torchdata.stateful_dataloader.Stat
     def __iter__(self) -> StepIterator:  # type: ignore[override]
         self._generation += 1
         dataset = self.dataset
-        if dataset.block_shuffled:
+        if dataset.phased:
             # the phase played from here (a new one if the setting changed since the state)
             position = dataset.position
             phases = dataset.phases_for(position, max(1, self.num_workers))
@@ -326,7 +319,7 @@ class StatefulDataLoader(StorageConstructors, torchdata.stateful_dataloader.Stat
         self.dataset.adopt_identity(state_dict)
         position = LoaderPosition.from_state_dict(state_dict)
         self.dataset.load_order_state(state_dict, position)
-        if self.dataset.block_shuffled and position.phases is None and position.consumed_samples:
+        if self.dataset.phased and position.phases is None and position.consumed_samples:
             raise StateError(
                 "the state has no phases but this loader is block-shuffled: it was saved "
                 "under another order"

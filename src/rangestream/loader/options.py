@@ -17,16 +17,11 @@ import torch.distributed
 from rangestream.arguments import integer, positive_integer
 from rangestream.errors import LoaderConfigError
 from rangestream.loader.collate import stack_collate
+from rangestream.loader.reading.batches import DEFAULT_PREFETCH
 
 __all__ = ["DEFAULT_PREFETCH", "BatchOptions", "Collate", "resolve_distributed"]
 
 Collate = Callable[[list[Any]], Any]
-
-DEFAULT_PREFETCH = 64
-"""Samples in flight per worker when samples are read one by one (shuffled windows,
-documents, temporal windows); it bounds memory: at most ``prefetch`` samples requested and
-not yet taken, plus the stretch being handed over. Sequential windows default to two
-stretches instead (see :data:`rangestream.loader.reading.sequential.STRETCH_READ_BYTES`)."""
 
 
 def resolve_distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:

@@ -160,13 +160,16 @@ class SourceIO:
 
     def __init__(self) -> None:
         self._reader: Any = None
+        self._readers: list[Any] = []
         self._seen: list[tuple[int, int]] = []
         self._counters: list[Callable[[], tuple[int, int]]] = []
 
-    def note(self, reader: Any) -> None:
-        """Count ``reader`` from now on (a mixture's ``readers``, or the reader itself)."""
+    def note(self, reader: Any, readers: list[Any]) -> None:
+        """Count ``reader`` from now on: ``readers``, the reader of each of its sources
+        (:meth:`~rangestream.loader.sources.protocol.SampleSource.source_readers`)."""
         if reader is not self._reader:
             self._reader = reader
+            self._readers = readers
             self._seen = []
             self._counters = []
 
@@ -177,8 +180,7 @@ class SourceIO:
         if reader is None:
             return None
         if not self._counters:
-            readers = getattr(reader, "readers", None) or [reader]
-            self._counters = [_io_counts(one) for one in readers]
+            self._counters = [_io_counts(one) for one in self._readers]
         now = [counts() for counts in self._counters]
         seen = self._seen or [(0, 0)] * len(now)
         self._seen = now

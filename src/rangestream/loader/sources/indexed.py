@@ -8,7 +8,7 @@ block shuffle (:mod:`rangestream.loader.orders.block_shuffle`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from typing import Any, Protocol
 
@@ -18,10 +18,11 @@ from rangestream.arguments import positive_integer
 from rangestream.errors import LoaderConfigError
 from rangestream.loader.orders.block_shuffle import DEFAULT_RUN_BYTES, BlockShuffle, buffer_runs_for
 from rangestream.loader.orders.permutation import Permutation
+from rangestream.loader.sources.protocol import EpochPlanning, SampleSource, Shuffle
 
 __all__ = ["SHUFFLES", "IndexedDataset", "IndexedSource", "shuffle_mode"]
 
-SHUFFLES = ("block", "window", False)
+SHUFFLES = tuple(shuffle.mode for shuffle in (Shuffle.BLOCK, Shuffle.WINDOW, Shuffle.NONE))
 """Orders of an indexed source: the block shuffle (runs of windows read whole, mixed within
 buffers: :mod:`rangestream.loader.orders.block_shuffle`), a per-window global shuffle, or storage
 order."""
@@ -29,11 +30,15 @@ order."""
 
 def shuffle_mode(shuffle: object) -> str | bool:
     """``shuffle`` as one of :data:`SHUFFLES` (``True`` is the per-window shuffle)."""
-    if shuffle is True or shuffle == "window":
-        return "window"
-    if shuffle is False or shuffle == "block":
-        return shuffle  # type: ignore[return-value]
-    raise LoaderConfigError(f"shuffle must be 'block', 'window' or False, got {shuffle!r}")
+    return Shuffle.parse(shuffle).mode
+
+
+#: How an indexed source's epoch is planned, by its shuffle.
+_PLANNING = {
+    Shuffle.WINDOW: EpochPlanning.SEQUENCE,
+    Shuffle.NONE: EpochPlanning.SEQUENCE,
+    Shuffle.BLOCK: EpochPlanning.BLOCKS,
+}
 
 
 def _optional_count(value: int | None, name: str) -> int | None:
@@ -52,7 +57,7 @@ class IndexedDataset(Protocol):
     def sync_reader(self) -> AbstractContextManager[Any]: ...
 
 
-class IndexedSource:
+class IndexedSource(SampleSource):
     """Windows, documents or records of a dataset read by index.
 
     Parameters
@@ -81,7 +86,9 @@ class IndexedSource:
         buffer_runs: int | None = None,
     ) -> None:
         self.dataset = dataset
-        self.shuffle = shuffle_mode(shuffle)
+        #: The order, parsed once from ``shuffle``.
+        self.order = Shuffle.parse(shuffle)
+        self.planning = _PLANNING[self.order]
         self.seed = int(seed)
         self.run_windows = _optional_count(run_windows, "run_windows")
         self.buffer_runs = _optional_count(buffer_runs, "buffer_runs")
@@ -100,9 +107,14 @@ class IndexedSource:
         #: opening (a blocking call), which cannot happen later, where workers plan on
         #: their I/O loop. Not needed, and so not asked, for the per-window shuffle.
         self.span_bytes: int | None = None
-        if self.shuffle != "window":
+        if self.order is not Shuffle.WINDOW:
             span = getattr(dataset, "sample_span_bytes", None)
             self.span_bytes = int(span) if isinstance(span, int) and span > 0 else None
+
+    @property
+    def shuffle(self) -> str | bool:
+        """The shuffle as given: ``"window"``, ``"block"`` or ``False``."""
+        return self.order.mode
 
     def __repr__(self) -> str:
         return f"IndexedSource({self.dataset!r}, shuffle={self.shuffle!r}, seed={self.seed})"
@@ -113,9 +125,12 @@ class IndexedSource:
         return state
 
     def identity(self) -> dict[str, Any]:
-        shuffle: str | bool = True if self.shuffle == "window" else self.shuffle
-        identity: dict[str, Any] = {"kind": "indexed", "shuffle": shuffle, "seed": self.seed}
-        if self.shuffle == "block":
+        identity: dict[str, Any] = {
+            "kind": "indexed",
+            "shuffle": self.order.value,
+            "seed": self.seed,
+        }
+        if self.planning is EpochPlanning.BLOCKS:
             identity["run_windows"] = self.run_windows
             identity["buffer_runs"] = self.buffer_runs
         return identity
@@ -131,7 +146,7 @@ class IndexedSource:
 
     def positions(self, indices: np.ndarray, num_samples: int, epoch: int) -> np.ndarray:
         """Sample positions of epoch-sequence ``indices`` (the per-window shuffle, if on)."""
-        if self.shuffle != "window":
+        if self.order is not Shuffle.WINDOW:
             return np.asarray(indices, dtype=np.int64)
         permutation = self._permutation
         if permutation is None or (permutation.n, permutation.epoch) != (num_samples, epoch):
@@ -176,9 +191,9 @@ class IndexedSource:
             self.buffer_runs = buffer_runs_for(num_samples, self.run_windows, readers)
         return BlockShuffle(num_samples, self.seed, self.run_windows, self.buffer_runs)
 
-    def adopt_order_parameters(self, state: dict[str, Any]) -> None:
+    def adopt_order_parameters(self, state: Mapping[str, Any]) -> None:
         """Take the block shuffle's parameters from a saved state, unless given here."""
-        if self.shuffle != "block":
+        if self.planning is not EpochPlanning.BLOCKS:
             return
         for key in ("run_windows", "buffer_runs"):
             saved = state.get(key)
@@ -190,6 +205,12 @@ class IndexedSource:
 
     def reads_per_batch(self) -> int:
         return 1
+
+    def window_length(self) -> int | None:
+        return getattr(self.dataset, "window_length", None)
+
+    def shuffles_itself(self) -> bool:
+        return self.order is not Shuffle.NONE
 
     def preload(self) -> None:
         preload = getattr(getattr(self.dataset, "storage", None), "preload_readers", None)

@@ -29,6 +29,7 @@ from rangestream.loader.orders.window_sampler import (
     answer_async,
     check_sampling,
 )
+from rangestream.loader.sources.protocol import SampleSource
 
 __all__ = ["TemporalStorage", "TemporalWindowSource"]
 
@@ -74,7 +75,7 @@ def _reads_by_index(storage: Any) -> Any:
     return None
 
 
-class TemporalWindowSource:
+class TemporalWindowSource(SampleSource):
     """Random frame windows of temporal records, as a :class:`SampleSource`.
 
     Parameters
