@@ -31,8 +31,8 @@ from fractions import Fraction
 import numpy as np
 
 from rangestream.loader import EpochPlan, Permutation
-from rangestream.loader.interleave import Interleave
-from rangestream.loader.mixing import MixedOrder, Mixture
+from rangestream.loader.mixing.interleave import Interleave
+from rangestream.loader.mixing.mixed_order import MixedOrder, Mixture
 
 BLOCK = 4096
 SOURCE_SIZE = 50_000_000  # samples per source (100 GB of tokens in 2 KB windows)

@@ -185,7 +185,7 @@ def _emit_rangestream_window(
 def geometry(tokens: int, shards: int = 1) -> Any:
     """The request arithmetic of a stream of ``tokens`` over 4 MiB blocks of 1 KiB chunks."""
     from rangestream.layout.block import ArrayLayout
-    from rangestream.loader.shuffle import WindowGeometry
+    from rangestream.loader.orders.block_shuffle import WindowGeometry
 
     layout = ArrayLayout.for_sizes(TOKEN, (), chunk_bytes=1024, block_bytes=4 << 20)
     bounds = np.linspace(0, tokens, shards + 1).astype(np.int64)
@@ -203,7 +203,7 @@ def requests_per_window(
     shuffle: Any, geo: Any, world: int, workers: int, epoch: int = 0
 ) -> tuple[float, float]:
     """Requests per window and bytes read per window byte, over every reader of an epoch."""
-    from rangestream.loader.shuffle import EpochPosition
+    from rangestream.loader.orders.block_shuffle import EpochPosition
 
     position = EpochPosition.start(world_size=world, batch_size=BATCH, num_workers=workers)
     windows = requests = read_bytes = 0
@@ -227,7 +227,7 @@ def _emit_block(
     of ``run_bytes`` and ``K`` runs per buffer; its reads from the order module's request
     arithmetic over 4 MiB blocks (exact: the loader reads each run's span with one range
     request per block it touches)."""
-    from rangestream.loader.shuffle import BlockShuffle, run_windows_for
+    from rangestream.loader.orders.block_shuffle import BlockShuffle, run_windows_for
 
     geo = geometry(tokens, shards=4)
     run = run_windows_for(geo, run_bytes)
@@ -450,7 +450,11 @@ def render(section: dict[str, Any]) -> list[str]:
 
 def _scale_table() -> list[str]:
     """Requests per window of the block shuffle for many readers (request arithmetic)."""
-    from rangestream.loader.shuffle import BlockShuffle, buffer_runs_for, run_windows_for
+    from rangestream.loader.orders.block_shuffle import (
+        BlockShuffle,
+        buffer_runs_for,
+        run_windows_for,
+    )
 
     layouts = ((1, 2), (8, 4), (64, 8))
     lines = [

@@ -264,7 +264,7 @@ def willneed(root: str) -> None:
 
 
 def draws(records: list[int], root: str) -> None:
-    from rangestream.loader.window_sampler import WindowSampler
+    from rangestream.loader.orders.window_sampler import WindowSampler
 
     print("records | draw (index: proposals a round as the sampler chooses; index-1: one) | "
           "set-up ms, held MiB | µs per window, index requests per window (batches of 8, "

@@ -30,10 +30,10 @@ from rangestream.loader import (
     LoaderPosition,
     StatefulDataLoader,
 )
-from rangestream.loader.bundles import BUNDLE_BATCHES
-from rangestream.loader.geometry import WindowGeometry
-from rangestream.loader.phases import EpochPosition
-from rangestream.loader.shuffle import BlockShuffle, simulate_epoch
+from rangestream.loader.orders.block_shuffle import BlockShuffle, simulate_epoch
+from rangestream.loader.orders.geometry import WindowGeometry
+from rangestream.loader.orders.phases import EpochPosition
+from rangestream.loader.transport import BUNDLE_BATCHES
 from rangestream.types import DocumentStorageFormat
 
 from .fakes import FakeStreamDataset, FakeStreamStorage

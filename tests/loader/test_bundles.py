@@ -13,8 +13,7 @@ import torch.multiprocessing
 
 import rangestream.loader.transport as transport
 from rangestream import StatefulDataLoader, StreamNumpyFormat, StreamStorage
-from rangestream.loader.bundles import BUNDLE_BATCHES, Bundle, bundled
-from rangestream.loader.transport import for_transport
+from rangestream.loader.transport import BUNDLE_BATCHES, Bundle, bundled, for_transport
 
 
 @pytest.mark.parametrize("count", [0, 1, 2, 5, 13])

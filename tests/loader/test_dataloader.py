@@ -33,7 +33,7 @@ from rangestream.loader import (
     WindowSampler,
     stack_collate,
 )
-from rangestream.loader.reading import STRETCH_READ_BYTES
+from rangestream.loader.reading.sequential import STRETCH_READ_BYTES
 
 from .expected import epoch_order, expected_global_batches, expected_rank_batches, flatten
 from .fakes import (

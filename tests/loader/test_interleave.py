@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rangestream.errors import LoaderConfigError, OutOfRangeError
-from rangestream.loader.interleave import MAX_POSITION, Interleave
+from rangestream.loader.mixing.interleave import MAX_POSITION, Interleave
 
 PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 # float64 rounding of ratio * count (module docstring): far below this for n < 2**42

@@ -30,11 +30,11 @@ from rangestream.loader import (
     LoaderPosition,
     StatefulDataLoader,
 )
-from rangestream.loader.geometry import WindowGeometry
-from rangestream.loader.mixed import MixedSource
-from rangestream.loader.mixing import MixedOrder
-from rangestream.loader.mixture import Mixture, MixtureSource
-from rangestream.loader.phases import EpochPosition, reader_region
+from rangestream.loader.mixing.mixed_order import MixedOrder
+from rangestream.loader.mixing.mixed_source import MixedSource
+from rangestream.loader.mixing.mixture import Mixture, MixtureSource
+from rangestream.loader.orders.geometry import WindowGeometry
+from rangestream.loader.orders.phases import EpochPosition, reader_region
 
 from .fakes import FakeStreamDataset, FakeStreamStorage
 
@@ -398,6 +398,31 @@ def test_a_block_shuffled_mixture_loads_each_window_once_and_resumes_elastically
     # padding of the last global batch repeats
     assert [sum(1 for s, _ in both if s == number) for number in range(len(sizes))] == list(quotas)
     assert len(seen) + len(rest) - n < new_world * new_batch
+
+
+@pytest.mark.parametrize("stop", [1, 3, 5])
+def test_a_block_shuffled_mixture_worker_resumes_from_its_own_state_exactly(
+    monkeypatch: pytest.MonkeyPatch, stop: int
+) -> None:
+    sizes, weights = [30, 20], [0.6, 0.4]
+
+    def dataset() -> BatchIterableDataset:
+        return block_mixed_dataset(sizes, weights, rank=0, world=1, batch=2, drop_last=True,
+                                   run_windows=3, buffer_runs=2)  # fmt: skip
+
+    info = SimpleNamespace(id=1, num_workers=2)  # a torchdata per-worker state
+    monkeypatch.setattr("rangestream.loader.iterable.get_worker_info", lambda: info)
+    whole = [samples_of(batch) for batch in dataset()]
+    assert len(whole) > 5
+    interrupted = dataset()
+    batches = iter(interrupted)
+    seen = [samples_of(next(batches)) for _ in range(stop)]
+    state = interrupted.state_dict()
+    del batches
+    assert state["worker_batches"] == stop and state["num_workers"] == 2
+    resumed = dataset()
+    resumed.load_state_dict(state)
+    assert seen + [samples_of(batch) for batch in resumed] == whole
 
 
 def test_from_storages_defaults_to_block_shuffles_over_object_storage(

@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 
 from rangestream.errors import LoaderConfigError, OutOfRangeError, StateError
 from rangestream.loader import EpochPlan, Permutation
-from rangestream.loader.interleave import Interleave
-from rangestream.loader.mixing import (
+from rangestream.loader.mixing.interleave import Interleave
+from rangestream.loader.mixing.mixed_order import (
     CYCLE_KEY,
     MixedOrder,
     Mixture,

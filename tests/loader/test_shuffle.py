@@ -22,7 +22,7 @@ from rangestream import StreamDataset, StreamNumpyFormat, StreamStorage
 from rangestream.errors import LoaderConfigError, StateError
 from rangestream.layout.block import ArrayLayout
 from rangestream.loader import EpochPlan, Permutation
-from rangestream.loader.shuffle import (
+from rangestream.loader.orders.block_shuffle import (
     BlockShuffle,
     EpochPosition,
     Phase,

@@ -15,7 +15,7 @@ from rangestream.loader import (
     registered_kinds,
     storage_kind,
 )
-from rangestream.loader import storage_kinds as storage_kinds_module
+from rangestream.loader.sources import storage_kinds as storage_kinds_module
 
 from .fakes import FakeStreamDataset, FakeStreamStorage, positions_of
 

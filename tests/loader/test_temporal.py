@@ -21,7 +21,7 @@ from rangestream.loader import (
     TemporalWindowSource,
     WindowSampler,
 )
-from rangestream.loader.window_sampler import answer
+from rangestream.loader.orders.window_sampler import answer
 
 from .expected import epoch_order, flatten
 from .fakes import FakeTemporalStorage

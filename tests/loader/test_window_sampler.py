@@ -15,7 +15,7 @@ from support.temporal import write_bulk
 from rangestream import TemporalArrayStorage
 from rangestream.errors import CorruptDataError, LoaderConfigError
 from rangestream.loader import WindowSampler
-from rangestream.loader.window_sampler import CountsIndex, answer, answer_async
+from rangestream.loader.orders.window_sampler import CountsIndex, answer, answer_async
 
 FRAME_COUNTS = [3, 10, 1, 6, 8, 2, 12, 5]  # frames >= 5: records 1, 3, 4, 6, 7
 ELIGIBLE = [1, 3, 4, 6, 7]

@@ -4,7 +4,7 @@ A dataset (documents, temporal records) turns its own indexes into its storage's
 reads through the storage's sync or async reader; opening, closing and request counts are
 that reader's. These bases say so once, so each dataset's reader states only how it maps
 ``reader[i]`` to the storage. The loader counts a reader's requests through
-``storage_reader`` (``loader.source_io``).
+``storage_reader`` (``loader.transport``).
 """
 
 from __future__ import annotations

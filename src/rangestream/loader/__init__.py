@@ -22,20 +22,21 @@ from rangestream.loader.collate import (
 from rangestream.loader.dataloader import STATE_VERSION, StatefulDataLoader
 from rangestream.loader.iterable import BatchIterableDataset
 from rangestream.loader.options import DEFAULT_PREFETCH, BatchOptions, resolve_distributed
-from rangestream.loader.permutation import Permutation, keyed_hash
-from rangestream.loader.plan import EpochPlan
+from rangestream.loader.orders.block_shuffle import BlockShuffle
+from rangestream.loader.orders.permutation import Permutation, keyed_hash
+from rangestream.loader.orders.sequence_plan import EpochPlan
+from rangestream.loader.orders.window_sampler import WindowSampler
 from rangestream.loader.position import LoaderPosition
-from rangestream.loader.shuffle import BlockShuffle
-from rangestream.loader.sources import IndexedSource, SampleSource
-from rangestream.loader.storage_kinds import (
+from rangestream.loader.sources.indexed import IndexedSource
+from rangestream.loader.sources.protocol import SampleSource
+from rangestream.loader.sources.storage_kinds import (
     SourceOptions,
     default_shuffle,
     register_storage_kind,
     registered_kinds,
     storage_kind,
 )
-from rangestream.loader.temporal import TemporalWindowSource
-from rangestream.loader.window_sampler import WindowSampler
+from rangestream.loader.sources.temporal import TemporalWindowSource
 
 __all__ = [
     "DEFAULT_PREFETCH",

@@ -3,36 +3,44 @@
 torchdata's own ``state_dict`` stores one snapshot per DataLoader worker and can only hand
 each back to the same worker, so a checkpoint cannot be resumed with another
 ``num_workers``, world size or batch size. Because the datasets of this package make the
-batch order independent of the worker count (:mod:`rangestream.loader.plan`), the main
-process knows the position exactly from what it already sees: every batch it hands to the
+batch order independent of the worker count (:mod:`rangestream.loader.orders.sequence_plan`), the
+main process knows the position exactly from what it already sees: every batch it hands to the
 training loop advances the epoch by one global batch. The state is that counter (as
 Megatron-LM's ``consumed_samples``), and resuming sends it to freshly started workers.
 
 Epochs follow PyTorch: one ``for batch in loader`` loop is one epoch; when it ends, the next
 ``iter(loader)`` plays the next epoch. Leaving a loop early (``break``) keeps the position, so
 the next loop continues the same epoch.
+
+Handing out batches in step order is the :class:`StepIterator`'s job (one per ``for`` loop):
+workers build stretches of consecutive steps (one range request per stretch in sequential
+order) and tag every batch with its step, so the DataLoader's worker round robin delivers
+e.g. steps 0, 16, 1, 17, ...; batches that arrive early wait there, at most
+``(num_workers - 1) * MAX_STRETCH_STEPS`` of them plus a bundle (workers send several tagged
+batches per message: :mod:`rangestream.loader.transport`). With a head start (local
+storage, workers), the first stretch is read in this process on the first ``next()``, and
+the workers are started on the second, from the step after that stretch; until then, no
+worker exists. What the step iterator may do to its loader is :class:`LoaderSteps`.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torchdata.stateful_dataloader
 
 from rangestream.errors import LoaderConfigError, StateError
+from rangestream.loader.from_storage import StorageConstructors
 from rangestream.loader.iterable import BatchIterableDataset
-from rangestream.loader.mixed import mixed_source
-from rangestream.loader.options import BatchOptions, Collate
 from rangestream.loader.position import LoaderPosition
-from rangestream.loader.sources import SampleSource
-from rangestream.loader.stepping import StepIterator
-from rangestream.loader.storage_kinds import SourceOptions, build_source
-from rangestream.loader.transport import for_transport
+from rangestream.loader.transport import Bundle, for_transport
 
-__all__ = ["STATE_VERSION", "StatefulDataLoader"]
+__all__ = ["STATE_VERSION", "LoaderSteps", "StatefulDataLoader", "StepIterator"]
 
 STATE_VERSION = 1
 """Version of the :meth:`StatefulDataLoader.state_dict` schema."""
@@ -56,7 +64,7 @@ def _pass_through(batch: Any) -> Any:
     return for_transport(batch)
 
 
-class StatefulDataLoader(torchdata.stateful_dataloader.StatefulDataLoader):
+class StatefulDataLoader(StorageConstructors, torchdata.stateful_dataloader.StatefulDataLoader):
     """A ``torchdata`` ``StatefulDataLoader`` whose state resumes exactly and elastically.
 
     Parameters
@@ -138,212 +146,6 @@ class StatefulDataLoader(torchdata.stateful_dataloader.StatefulDataLoader):
 
     dataset: BatchIterableDataset
 
-    @classmethod
-    def from_storage(
-        cls,
-        storage: Any,
-        collate_fn: Collate | None = None,
-        *,
-        sequence_length: int | None = None,
-        batch_size: int = 8,
-        rank: int | None = None,
-        world_size: int | None = None,
-        num_workers: int = 2,
-        shuffle: str | bool = True,
-        shuffle_seed: int = 0,
-        drop_last: bool = True,
-        prefetch: int | None = None,
-        pin_memory: bool = False,
-        stride: int | None = None,
-        next_token: bool = False,
-        fields: Sequence[str] | None = None,
-        samples_per_epoch: int | None = None,
-        run_windows: int | None = None,
-        buffer_runs: int | None = None,
-        **kwargs: Any,
-    ) -> StatefulDataLoader:
-        """Build a loader over a storage, choosing the sample source by ``storage.kind``.
-
-        Parameters
-        ----------
-        storage : object
-            A storage whose ``kind`` is registered (see
-            :mod:`rangestream.loader.storage_kinds`): ``"stream"``,
-            ``"stream_with_meta"``, ``"document"`` or ``"temporal"``.
-        collate_fn : callable, optional
-            Builds a batch from a list of samples, inside the workers; defaults to
-            :func:`rangestream.loader.stack_collate`. Use :class:`PadCollate` for
-            variable-length fields.
-        sequence_length : int, optional
-            Elements per window; required for stream storages, frames per window for
-            temporal storage, refused for documents.
-        batch_size : int, default 8
-            Samples per batch on each rank.
-        rank, world_size : int, optional
-            ``None`` takes them from ``torch.distributed`` if initialised, else 0 and 1.
-        num_workers : int, default 2
-            DataLoader worker processes per rank.
-        shuffle : {True, "block", "window", False}, default True
-            ``True`` takes the storage's default: the block shuffle over object storage
-            (runs of about 4 MiB read whole, mixed within buffers of ``K`` runs: about one
-            range request per run instead of one per window), the per-window shuffle on
-            local disk (a random window there is a page-cache copy); see
-            :func:`rangestream.loader.storage_kinds.default_shuffle`. ``"window"``: a global
-            per-window shuffle, a new order each epoch. ``"block"``: the block shuffle
-            (stream windows, documents). ``False``: storage order.
-        shuffle_seed : int, default 0
-            Seed of the shuffle (equal on all ranks).
-        drop_last : bool, default True
-            Skip the incomplete last global batch, or pad it by wrapping around to the
-            start of the epoch's order; see :mod:`rangestream.loader.plan`.
-        prefetch : int, optional
-            Samples in flight per worker; by default two stretches of sequential windows
-            (about 8 MiB) or two runs of the block shuffle, else
-            :data:`rangestream.loader.DEFAULT_PREFETCH`.
-        pin_memory : bool, default False
-            Passed to the DataLoader.
-        stride : int, optional
-            Elements between window starts (streams); defaults to ``sequence_length``.
-        next_token : bool, default False
-            Windows carry one extra element for next-token targets (streams).
-        fields : sequence of str, optional
-            Fields to read (temporal only).
-        samples_per_epoch : int, optional
-            Windows drawn per epoch (temporal only).
-        run_windows, buffer_runs : int, optional
-            The block shuffle's windows per run and runs per buffer (``K``); chosen from
-            the data when omitted (runs of about 4 MiB, ``K`` up to 8) and then kept in the
-            state. A worker holds about ``K`` runs plus its prefetch.
-        **kwargs
-            Further DataLoader process options (see the class).
-
-        Returns
-        -------
-        StatefulDataLoader
-        """
-        source = build_source(
-            storage,
-            SourceOptions(
-                sequence_length=sequence_length,
-                shuffle=None if shuffle is True else shuffle,
-                seed=shuffle_seed,
-                stride=stride,
-                next_token=next_token,
-                fields=fields,
-                samples_per_epoch=samples_per_epoch,
-                run_windows=run_windows,
-                buffer_runs=buffer_runs,
-            ),
-        )
-        options = BatchOptions(
-            batch_size=batch_size,
-            rank=rank,
-            world_size=world_size,
-            drop_last=drop_last,
-            prefetch=prefetch,
-            collate_fn=collate_fn,
-        )
-        return cls.from_source(
-            source, options, num_workers=num_workers, pin_memory=pin_memory, **kwargs
-        )
-
-    @classmethod
-    def from_storages(
-        cls,
-        weights: Mapping[Any, float],
-        collate_fn: Collate | None = None,
-        *,
-        sequence_length: int | None = None,
-        names: Mapping[Any, str] | None = None,
-        per_source: Mapping[Any, Mapping[str, Any]] | None = None,
-        num_samples: int | None = None,
-        batch_size: int = 8,
-        rank: int | None = None,
-        world_size: int | None = None,
-        num_workers: int = 2,
-        shuffle: bool | str = True,
-        shuffle_seed: int = 0,
-        drop_last: bool = True,
-        prefetch: int | None = None,
-        pin_memory: bool = False,
-        stride: int | None = None,
-        next_token: bool = False,
-        fields: Sequence[str] | None = None,
-        samples_per_epoch: int | None = None,
-        **kwargs: Any,
-    ) -> StatefulDataLoader:
-        """Build a loader over a weighted mixture of storages: ``{storage: weight, ...}``.
-
-        The epoch is one global order over the sources (``docs/design.md``, "Mixing: exact
-        proportions by random access"): in every prefix of it, over all ranks, each source's
-        count is within the mixture's bound (1 for up to four sources) of ``weight * n``;
-        each source is shuffled on its own, a source smaller than its share is repeated
-        (each pass freshly shuffled), a larger one is down-sampled (a different subset each
-        epoch). State, resume (exact, elastic over workers, world size and batch size) and
-        batches are as for one storage; :meth:`set_weights` changes the weights from the
-        current position on and :meth:`source_stats` reports what each source contributed.
-
-        Parameters
-        ----------
-        weights : mapping of storage to float
-            The sources and their relative weights. Their samples must batch together:
-            windows of one length (stream storages), documents, or temporal windows.
-        collate_fn : callable, optional
-            As for :meth:`from_storage`.
-        sequence_length, stride, next_token, fields, samples_per_epoch
-            Every source's options, as for :meth:`from_storage`; ``per_source`` overrides
-            them for one source (e.g. ``{code: {"stride": 1024}}``).
-        names : mapping of storage to str, optional
-            Each source's name: reported in :meth:`source_stats`, checked on resume, and
-            the seed of its shuffle (so adding a source leaves the others' orders as they
-            were). Defaults to the storage's URL; give names when URLs change between runs.
-        per_source : mapping of storage to mapping, optional
-            Options of one source that differ from the shared ones.
-        num_samples : int, optional
-            Positions per epoch; by default the most for which no source repeats.
-        shuffle : {True, "block", "window", False}, default True
-            ``True`` takes the storages' default: for windows over object storage each
-            source's own block shuffle (runs of about 4 MiB read whole,
-            :mod:`rangestream.loader.mixed_blocks`), else a per-sample shuffle of each
-            source (``"window"``; a fresh one per pass). ``False`` reads each source in
-            storage order.
-        batch_size, rank, world_size, num_workers, shuffle_seed, drop_last, prefetch
-            As for :meth:`from_storage`; so are ``pin_memory`` and ``**kwargs``.
-        """
-        source = mixed_source(
-            weights,
-            SourceOptions(
-                sequence_length=sequence_length,
-                stride=stride,
-                next_token=next_token,
-                fields=fields,
-                samples_per_epoch=samples_per_epoch,
-            ),
-            names=names,
-            per_source=per_source,
-            num_samples=num_samples,
-            seed=shuffle_seed,
-            shuffle=shuffle,
-        )
-        options = BatchOptions(
-            batch_size=batch_size,
-            rank=rank,
-            world_size=world_size,
-            drop_last=drop_last,
-            prefetch=prefetch,
-            collate_fn=collate_fn,
-        )
-        return cls.from_source(
-            source, options, num_workers=num_workers, pin_memory=pin_memory, **kwargs
-        )
-
-    @classmethod
-    def from_source(
-        cls, source: SampleSource, options: BatchOptions | None = None, **kwargs: Any
-    ) -> StatefulDataLoader:
-        """A loader over any :class:`~rangestream.loader.sources.SampleSource`."""
-        return cls(BatchIterableDataset(source, options), **kwargs)
-
     # -- position ------------------------------------------------------------------------
 
     @property
@@ -405,11 +207,7 @@ class StatefulDataLoader(torchdata.stateful_dataloader.StatefulDataLoader):
         """
         source = self.dataset.source
         position = self.dataset.position
-        counts = getattr(source, "source_counts", None)
-        if counts is None:
-            samples = {"source": position.consumed_samples}
-        else:
-            samples = counts(position.epoch, 0, position.consumed_samples)
+        samples = source.source_counts(position.epoch, 0, position.consumed_samples)
         io = self._io_by_source or [[0, 0] for _ in samples]
         return {
             name: {"samples": count, "requests": requests, "bytes": nbytes}
@@ -428,11 +226,8 @@ class StatefulDataLoader(torchdata.stateful_dataloader.StatefulDataLoader):
         :meth:`state_dict`, so a resumed run replays the same curriculum.
         """
         source = self.dataset.source
-        set_weights = getattr(source, "set_weights", None)
-        if set_weights is None:
-            raise LoaderConfigError(f"{source!r} is not a mixture; it has no weights to set")
         position = self.dataset.position
-        set_weights(weights, epoch=position.epoch, position=position.consumed_samples)
+        source.set_weights(weights, epoch=position.epoch, position=position.consumed_samples)
         self._order_version += 1
         self._iterator = None  # workers (persistent ones too) hold the old order
 
@@ -443,13 +238,32 @@ class StatefulDataLoader(torchdata.stateful_dataloader.StatefulDataLoader):
     def __iter__(self) -> StepIterator:  # type: ignore[override]
         self._generation += 1
         dataset = self.dataset
-        if dataset.block_shuffled:
+        if dataset.phased:
             # the phase played from here (a new one if the setting changed since the state)
             position = dataset.position
             phases = dataset.phases_for(position, max(1, self.num_workers))
             if phases != position.phases:
                 dataset.seek(LoaderPosition(position.epoch, position.consumed_samples, phases))
-        return StepIterator(self, self._generation)
+        return StepIterator(self._steps(), self._generation)
+
+    def _steps(self) -> LoaderSteps:
+        """What this loader's step iterators may see and do (:class:`LoaderSteps`)."""
+
+        def drop_workers() -> None:
+            self._iterator = None  # workers hold the old order: start new ones
+
+        return LoaderSteps(
+            dataset=self.dataset,
+            batches_per_epoch=self.__len__,
+            generation=lambda: self._generation,
+            order_version=lambda: self._order_version,
+            head_start=self._head_start(),
+            start_workers=self._start_workers,
+            drop_workers=drop_workers,
+            advance=self._advance,
+            end_epoch=self._end_epoch,
+            count_io=self._count_io,
+        )
 
     def _start_workers(self, start: LoaderPosition) -> Iterator[Any]:
         """The DataLoader's iterator from ``start`` on."""
@@ -460,7 +274,7 @@ class StatefulDataLoader(torchdata.stateful_dataloader.StatefulDataLoader):
             self.dataset.start_workers_at(None)
 
     def _head_start(self) -> bool:
-        """Whether the first stretch is read in this process (see :mod:`.stepping`).
+        """Whether the first stretch is read in this process (see :class:`StepIterator`).
 
         Worker start-up (fork, imports, torchdata's handshake) takes 20-40 ms; a local
         stretch is read here in about a millisecond. Not with pinned memory (the DataLoader
@@ -505,9 +319,147 @@ class StatefulDataLoader(torchdata.stateful_dataloader.StatefulDataLoader):
         self.dataset.adopt_identity(state_dict)
         position = LoaderPosition.from_state_dict(state_dict)
         self.dataset.load_order_state(state_dict, position)
-        if self.dataset.block_shuffled and position.phases is None and position.consumed_samples:
+        if self.dataset.phased and position.phases is None and position.consumed_samples:
             raise StateError(
                 "the state has no phases but this loader is block-shuffled: it was saved "
                 "under another order"
             )
         self._move(position)
+
+
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class LoaderSteps:
+    """What a :class:`StepIterator` needs of its loader, and all it may change there."""
+
+    dataset: BatchIterableDataset
+    #: ``len(loader)``: batches this rank yields in a whole epoch (counted when asked).
+    batches_per_epoch: Callable[[], int]
+    #: The loader's iteration count now (a later ``iter()``, ``set_epoch()`` or
+    #: ``load_state_dict()`` supersedes an iterator).
+    generation: Callable[[], int]
+    #: The order's version now (raised by ``set_weights``: read-ahead under the old order
+    #: is dropped).
+    order_version: Callable[[], int]
+    #: Whether the first stretch is read in this process (``StatefulDataLoader.head_start``).
+    head_start: bool
+    #: The DataLoader's iterator (workers and all) from a position on.
+    start_workers: Callable[[LoaderPosition], Iterator[Any]]
+    #: Forget the DataLoader's iterator, so the next start makes fresh workers.
+    drop_workers: Callable[[], None]
+    #: One global batch handed out: advance the position.
+    advance: Callable[[], None]
+    #: The epoch ended: the position moves to the next epoch's start.
+    end_epoch: Callable[[], None]
+    #: Add a batch's per-source requests and bytes to the loader's totals.
+    count_io: Callable[[list[tuple[int, int]] | None], None]
+
+
+class StepIterator(Iterator[Any]):
+    """One ``for batch in loader`` loop: batches in step order, the position advanced."""
+
+    def __init__(self, loader: LoaderSteps, generation: int) -> None:
+        self._loader = loader
+        self._generation = generation
+        self._start: LoaderPosition = loader.dataset.position
+        self._inner: Iterator[Any] | None = None
+        self._head: Iterator[tuple[int, Any, Any]] | None = None
+        self._step_offset = 0
+        self._finished = False
+        self._next_step = 0
+        self._early: dict[int, Any] = {}
+        self._bundle: deque[tuple[int, Any, Any]] = deque()  # the rest of a worker's message
+        self._order_version = loader.order_version()
+        if loader.head_start:
+            self._head = loader.dataset.head_stretch(self._start)
+
+    def __iter__(self) -> StepIterator:
+        return self
+
+    def __len__(self) -> int:
+        return self._loader.batches_per_epoch()
+
+    def __next__(self) -> Any:
+        if self._finished:
+            raise StopIteration
+        loader = self._loader
+        if loader.generation() != self._generation:
+            raise StateError(
+                "this loader iterator was superseded by a later iter(), set_epoch() or "
+                "load_state_dict() on its StatefulDataLoader; continuing it would lose the "
+                "position"
+            )
+        if self._order_version != loader.order_version():
+            self._restart()
+        batch = self._early.pop(self._next_step, _MISSING)
+        if batch is _MISSING and self._head is not None and self._next_step == 0:
+            step, batch, io = next(self._head, (0, _MISSING, None))
+            assert step == 0, f"the head stretch started at step {step}"
+            loader.count_io(io)
+        while batch is _MISSING:
+            workers = self._workers()
+            batch = self._early.pop(self._next_step, _MISSING)  # the head stretch's rest
+            if batch is not _MISSING:
+                break
+            try:
+                step, received, io = self._next_tagged(workers)
+            except StopIteration:
+                self._finished = True
+                if self._early:
+                    raise StateError(
+                        f"the workers ended the epoch without step {self._next_step} but "
+                        f"with steps {sorted(self._early)}; a batch was lost"
+                    ) from None
+                loader.end_epoch()
+                raise
+            loader.count_io(io)
+            step += self._step_offset
+            if step == self._next_step:
+                batch = received
+            else:
+                self._early[step] = received
+        self._next_step += 1
+        loader.advance()
+        return batch
+
+    def _next_tagged(self, workers: Iterator[Any]) -> tuple[int, Any, Any]:
+        """The next tagged batch out of the workers, whose messages are bundles of them
+        (:mod:`rangestream.loader.transport`)."""
+        if self._bundle:
+            return self._bundle.popleft()
+        received = next(workers)
+        if type(received) is not Bundle:  # read in this process (no workers)
+            return received  # type: ignore[no-any-return]
+        self._bundle.extend(received)
+        return self._bundle.popleft()
+
+    def _restart(self) -> None:
+        """The order changed (new mixture weights): drop what was read ahead under the old
+        order and continue from the loader's position with fresh workers."""
+        self._order_version = self._loader.order_version()
+        self._inner = None
+        self._head = None
+        self._early.clear()
+        self._bundle.clear()
+        self._start = self._loader.dataset.position
+        self._next_step = 0
+        self._step_offset = 0
+        self._loader.drop_workers()
+
+    def _workers(self) -> Iterator[Any]:
+        """The DataLoader's own iterator, started (workers and all) on first use."""
+        if self._inner is None:
+            start = self._start
+            if self._head is not None:
+                # the rest of the head stretch, then its reader closes: nothing is open at fork
+                for step, batch, io in self._head:
+                    self._early[step] = batch
+                    self._loader.count_io(io)
+                self._head = None
+                self._step_offset = self._next_step + len(self._early)
+                start = start.advanced(self._loader.dataset.options.global_batch_size,
+                                       self._step_offset)  # fmt: skip
+            self._inner = self._loader.start_workers(start)
+        return self._inner

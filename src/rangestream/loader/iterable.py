@@ -2,64 +2,50 @@
 
 Why whole batches: a worker that assembles and collates a full batch hands the DataLoader one
 object per step, so the DataLoader's worker round robin *is* the batch order and the position
-is simply "steps taken" (see :mod:`rangestream.loader.plan`). Use
+is simply "steps taken" (see :mod:`rangestream.loader.orders.sequence_plan`). Use
 :class:`BatchIterableDataset` with ``batch_size=None`` in a plain
 ``torch.utils.data.DataLoader``, or through :class:`rangestream.loader.StatefulDataLoader`,
 which also resumes across worker counts.
 
-What is read comes from a :class:`~rangestream.loader.sources.SampleSource`; how batches are
-cut, from :class:`~rangestream.loader.options.BatchOptions`. Nothing that does I/O is made
+What is read comes from a :class:`~rangestream.loader.sources.protocol.SampleSource`; how batches
+are cut, from :class:`~rangestream.loader.options.BatchOptions`. Nothing that does I/O is made
 before the process that iterates enters the source's reader (after any fork), so the
-``fork``, ``spawn`` and ``forkserver`` start methods all work. Sequence orders are read by
-:mod:`rangestream.loader.reading`, the block shuffle by :mod:`rangestream.loader.block_reading`.
+``fork``, ``spawn`` and ``forkserver`` start methods all work. The source's reading
+strategy is chosen once (:mod:`rangestream.loader.reading.strategies`); each iteration hands
+it an explicit :class:`~rangestream.loader.reading.batches.ReadSpec` (the source, the batch
+shape, the prefetch, how to open, how to emit) and runs it with the sync reader on local
+disk or on the process's I/O loop otherwise (:mod:`rangestream.loader.reading.batches`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from torch.utils.data import IterableDataset, get_worker_info
 
 from rangestream.errors import LoaderConfigError, StateError
-from rangestream.loader.block_reading import BlockIterator, generate_block_sync
-from rangestream.loader.bundles import bundled
-from rangestream.loader.mixed import MixedSource
-from rangestream.loader.mixed_blocks import MixedBlockIterator, generate_mixed_block_sync
-from rangestream.loader.options import DEFAULT_PREFETCH, BatchOptions
-from rangestream.loader.persistence import KeptReader, SharedPosition
-from rangestream.loader.phases import EpochPosition
-from rangestream.loader.plan import EpochPlan
-from rangestream.loader.position import LoaderPosition
-from rangestream.loader.reading import (
-    PrefetchingIterator,
+from rangestream.loader.options import BatchOptions
+from rangestream.loader.orders.phases import EpochPosition
+from rangestream.loader.orders.sequence_plan import EpochPlan
+from rangestream.loader.position import KeptReader, LoaderPosition, SharedPosition
+from rangestream.loader.reading.batches import (
+    BatchIterator,
+    ReadSpec,
+    Start,
     check_same_count,
-    generate_sync,
-    head_stretch,
-    span_stretch_steps,
+    read_sync,
 )
-from rangestream.loader.source_io import SourceIO
-from rangestream.loader.sources import SampleSource
-from rangestream.loader.tasks import IterationTasks
+from rangestream.loader.reading.strategies import strategy_for
+from rangestream.loader.reading.tasks import IterationTasks
+from rangestream.loader.sources.protocol import SampleSource
+from rangestream.loader.transport import SourceIO, bundled
 
 __all__ = ["BatchIterableDataset", "Start"]
 
 _MAX_SHARED_PHASES = 64
 """Phases a shared position carries to persistent workers (each resume with a new setting
 adds one; a run that changes its setting more often within one epoch is refused)."""
-
-
-@dataclass(frozen=True)
-class Start:
-    """Where one iteration of one worker starts: the position and the worker."""
-
-    epoch: int
-    consumed_samples: int
-    phases: EpochPosition | None
-    worker_id: int
-    num_workers: int
-    done: int = 0  # steps this worker already built (a per-worker torchdata resume)
 
 
 def _worker_identity() -> tuple[int, int]:
@@ -73,9 +59,9 @@ class BatchIterableDataset(IterableDataset[Any]):
     Parameters
     ----------
     source : SampleSource
-        What is read, in which order: :class:`~rangestream.loader.sources.IndexedSource`
-        (windows, documents), :class:`~rangestream.loader.temporal.TemporalWindowSource`,
-        :class:`~rangestream.loader.mixed.MixedSource`, ...
+        What is read, in which order: :class:`~rangestream.loader.sources.indexed.IndexedSource`
+        (windows, documents), :class:`~rangestream.loader.sources.temporal.TemporalWindowSource`,
+        :class:`~rangestream.loader.mixing.mixed_source.MixedSource`, ...
     options : BatchOptions, optional
         Batch size, rank and world size, end-of-epoch policy, prefetch, collate function.
 
@@ -98,6 +84,8 @@ class BatchIterableDataset(IterableDataset[Any]):
                 f"BatchIterableDataset needs a SampleSource, got {type(source).__name__}"
             )
         self.source = source
+        #: How its epochs are planned and read, chosen once from the source.
+        self.strategy = strategy_for(source)
         self.options = BatchOptions() if options is None else options
         self.position = LoaderPosition()
         self.worker_batches = 0
@@ -127,21 +115,19 @@ class BatchIterableDataset(IterableDataset[Any]):
     # -- settings ------------------------------------------------------------------------
 
     @property
-    def block_shuffled(self) -> bool:
-        """Whether the epoch is block-shuffled (planned by regions, phases in the state)."""
-        return getattr(self.source, "shuffle", None) == "block"
+    def phased(self) -> bool:
+        """Whether positions carry the epoch's phases (the block shuffles: planned by
+        regions of readers, so a resume with another setting starts a new phase)."""
+        return self.strategy.phased
 
     @property
     def prefetch(self) -> int:
-        """Samples in flight per worker: as given, else two stretches of sequential windows
-        (or two runs of the block shuffle), at least :data:`DEFAULT_PREFETCH`."""
+        """Samples in flight per worker: as given, else the strategy's default (two
+        stretches of sequential windows, at least ``DEFAULT_PREFETCH``, or two runs of the
+        block shuffle)."""
         if self.options.prefetch is not None:
             return self.options.prefetch
-        if self.block_shuffled:
-            runs = getattr(self.source, "run_windows", None)
-            longest = max((r or 1 for r in runs), default=1) if isinstance(runs, list) else runs
-            return 2 * (longest or 1)
-        return max(DEFAULT_PREFETCH, 2 * span_stretch_steps(self) * self.options.batch_size)
+        return self.strategy.default_prefetch(self.source, self.options.batch_size)
 
     @property
     def tagged(self) -> bool:
@@ -166,7 +152,7 @@ class BatchIterableDataset(IterableDataset[Any]):
 
     def note_reader(self, reader: Any) -> None:
         """The reader this process reads with now (its counters feed :meth:`emit`)."""
-        self._io.note(reader)
+        self._io.note(reader, self.source.source_readers(reader))
 
     def state_identity(self) -> dict[str, Any]:
         """Settings that define the epoch's order (the source's identity, seed included).
@@ -175,11 +161,9 @@ class BatchIterableDataset(IterableDataset[Any]):
         another shuffle or window length would skip the wrong samples, so loading such a
         state fails instead.
         """
-        if self.block_shuffled and get_worker_info() is None:
-            # chosen here from the count; a worker chooses them from its reader when it
-            # plans (counting here would open the dataset a second time in the worker)
+        if get_worker_info() is None:
             readers = self.options.world_size * self.workers_per_rank  # type: ignore[operator]
-            self.source.block_shuffle(self.num_samples(), readers)  # type: ignore[attr-defined]
+            self.strategy.choose_parameters(self.source, self.num_samples, readers)
         return self.source.identity()
 
     def preload(self) -> None:
@@ -334,26 +318,20 @@ class BatchIterableDataset(IterableDataset[Any]):
     def order_state(self) -> dict[str, Any]:
         """The order's own state beside its identity (a mixture's weights and curriculum
         phases), under ``"mixture"``; empty for sources without one."""
-        order_state = getattr(self.source, "order_state", None)
-        return {} if order_state is None else {"mixture": order_state()}
+        order_state = self.source.order_state()
+        return {} if order_state is None else {"mixture": order_state}
 
     def load_order_state(self, state: dict[str, Any], position: LoaderPosition) -> None:
         """Continue the order state of a saved run at ``position`` (see
         :meth:`order_state`)."""
-        load = getattr(self.source, "load_order_state", None)
-        if load is None:
-            return
-        saved = state.get("mixture")
-        if not isinstance(saved, dict):
-            raise StateError(f"the state has no mixture state ('mixture': {saved!r})")
-        load(saved, epoch=position.epoch, position=position.consumed_samples)
+        self.source.load_order_state(
+            state.get("mixture"), epoch=position.epoch, position=position.consumed_samples
+        )
 
     def adopt_identity(self, state: dict[str, Any]) -> None:
         """Check that ``state`` was saved under this order; adopt the block shuffle's
         parameters (they were chosen when the order was first made, and define it)."""
-        adopt = getattr(self.source, "adopt_order_parameters", None)
-        if adopt is not None:
-            adopt(state)
+        self.source.adopt_order_parameters(state)
         expected = self.state_identity()
         for key, value in expected.items():
             if state.get(key) != value:
@@ -372,7 +350,7 @@ class BatchIterableDataset(IterableDataset[Any]):
             position = self._iteration_start
         else:
             position = self.position
-        phases = self.phases_for(position, num_workers) if self.block_shuffled else None
+        phases = self.phases_for(position, num_workers) if self.phased else None
         return Start(
             position.epoch, position.consumed_samples, phases, worker_id, num_workers, done
         )
@@ -380,7 +358,7 @@ class BatchIterableDataset(IterableDataset[Any]):
     def __iter__(self) -> Iterator[Any]:
         batches = self._batches()
         if self._tagged and get_worker_info() is not None:
-            return bundled(batches)  # several batches per message (loader.bundles)
+            return bundled(batches)  # several batches per message (loader.transport)
         return batches
 
     def _batches(self) -> Iterator[Any]:
@@ -399,12 +377,31 @@ class BatchIterableDataset(IterableDataset[Any]):
         start = self.start_for(worker_id, num_workers, done)
         context = self._sync_context()
         if context is not None:
-            return self._generate_sync(context, start)
-        if self.block_shuffled and isinstance(self.source, MixedSource):
-            return MixedBlockIterator(self, start)
-        if self.block_shuffled:
-            return BlockIterator(self, start)
-        return PrefetchingIterator(self, start)
+            return read_sync(self._spec(self._built), self.strategy, context, start)
+        return BatchIterator(self._spec(self._built), self.strategy, start)
+
+    def _spec(self, emit: Callable[[int, Any], Any]) -> ReadSpec:
+        """What an iteration reads, and how it hands batches out (through ``emit``)."""
+        options = self.options
+        return ReadSpec(
+            source=self.source,
+            batch_size=options.batch_size,
+            world_size=options.world_size,  # type: ignore[arg-type]
+            rank=options.rank,  # type: ignore[arg-type]
+            drop_last=options.drop_last,
+            collate=options.collate_fn,  # type: ignore[arg-type]
+            prefetch=options.prefetch,
+            tagged=self._tagged,
+            known_samples=self._known_num_samples,
+            open_async=self.async_reader,
+            emit=emit,
+            note_reader=self.note_reader,
+        )
+
+    def _built(self, step: int, batch: Any) -> Any:
+        """:meth:`emit` of a batch this worker built (counted for its per-worker state)."""
+        self.worker_batches += 1
+        return self.emit(step, batch)
 
     def _sync_context(self) -> Any:
         """The sync reader's context for local sources (kept open in a worker, so a
@@ -416,16 +413,6 @@ class BatchIterableDataset(IterableDataset[Any]):
             return context
         self._kept_sync = (context, context.__enter__())  # closed when the worker exits
         return KeptReader(self._kept_sync[1])
-
-    def _generate_sync(self, context: Any, start: Start) -> Iterator[Any]:
-        with context as reader:
-            self.note_reader(reader)
-            if self.block_shuffled and isinstance(self.source, MixedSource):
-                yield from generate_mixed_block_sync(self, reader, start)
-            elif self.block_shuffled:
-                yield from generate_block_sync(self, reader, start)
-            else:
-                yield from generate_sync(self, reader, start)
 
     async def async_reader(self, tasks: IterationTasks) -> Any:
         """The source's async reader, entered on the I/O loop: for this iteration in the
@@ -449,10 +436,5 @@ class BatchIterableDataset(IterableDataset[Any]):
         ``None`` for remote sources and the block shuffle (its regions depend on the
         workers). The reader closes when the iterator ends or is closed.
         """
-        if self.block_shuffled:
-            return None
-        context = self.source.open_sync()
-        if context is None:
-            return None
         start = Start(position.epoch, position.consumed_samples, None, 0, 1)
-        return head_stretch(self, context, start)
+        return self.strategy.head_stretch(self._spec(self.emit), self.source.open_sync, start)

@@ -17,16 +17,11 @@ import torch.distributed
 from rangestream.arguments import integer, positive_integer
 from rangestream.errors import LoaderConfigError
 from rangestream.loader.collate import stack_collate
+from rangestream.loader.reading.batches import DEFAULT_PREFETCH
 
 __all__ = ["DEFAULT_PREFETCH", "BatchOptions", "Collate", "resolve_distributed"]
 
 Collate = Callable[[list[Any]], Any]
-
-DEFAULT_PREFETCH = 64
-"""Samples in flight per worker when samples are read one by one (shuffled windows,
-documents, temporal windows); it bounds memory: at most ``prefetch`` samples requested and
-not yet taken, plus the stretch being handed over. Sequential windows default to two
-stretches instead (see :data:`rangestream.loader.reading.STRETCH_READ_BYTES`)."""
 
 
 def resolve_distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -69,7 +64,7 @@ class BatchOptions:
         made, so the values are fixed from then on.
     drop_last : bool, default True
         Skip the incomplete last global batch, or pad it by wrapping around to the start of
-        the epoch's order (see :mod:`rangestream.loader.plan`).
+        the epoch's order (see :mod:`rangestream.loader.orders.sequence_plan`).
     prefetch : int, optional
         Samples in flight per worker; by default two stretches of sequential windows
         (about 8 MiB), else :data:`DEFAULT_PREFETCH`.

@@ -14,20 +14,43 @@ that pickling sends their bytes and unpickling in the main process rebuilds a te
 (``torch.from_numpy`` over the received array: no further copy). Larger tensors keep the
 shared-memory path. The user's collate function sees ordinary tensors either way, and the
 main process receives ordinary tensors.
+
+Bundles: every item a worker hands the DataLoader costs a fixed price on both sides,
+whatever its size: in the main process an index sent to the worker, a poll, a pipe read, an
+unpickle and torch's per-item bookkeeping (about 250 us a message on these 2-core machines);
+in the worker a queue put and its feeder thread's pickling and write. With batches of 8
+token windows that is most of the main process's time per batch; the main process is also
+the training loop. A tagged worker (``StatefulDataLoader``) therefore sends its batches in
+bundles of up to :data:`BUNDLE_BATCHES`, each batch still tagged with its step, and the main
+process hands them out one by one in step order
+(:class:`rangestream.loader.dataloader.StepIterator`). The first bundle of an iteration
+holds one batch, so the time to the first batch is that of one batch; a bundle never waits
+past the end of the worker's share.
+
+Per-source I/O counters (:class:`SourceIO`): workers read; the loader in the training
+process reports (``source_stats``). So a worker sends, with every batch, what each source's
+reader made since its previous batch, and the loader adds it up: exact whatever the number
+of workers, restarts or persistent workers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
-from rangestream.loader.bundles import Bundle
-
-__all__ = ["BY_VALUE_MAX_BYTES", "for_transport", "share_in_worker"]
+__all__ = [
+    "BUNDLE_BATCHES",
+    "BY_VALUE_MAX_BYTES",
+    "Bundle",
+    "SourceIO",
+    "bundled",
+    "for_transport",
+    "share_in_worker",
+]
 
 #: Largest tensor sent from a worker by value (pickled bytes) rather than shared memory.
 BY_VALUE_MAX_BYTES = 256 * 1024
@@ -103,3 +126,88 @@ def for_transport(batch: Any) -> Any:
     if type(batch) is Bundle:
         return Bundle(_wrap(item) for item in batch)
     return _wrap(batch)
+
+
+#: Most batches per message after the first (main-process CPU per window, batches of 8
+#: windows of 2,049 tokens over S3: 40-50 us with one batch per message, about 20 with
+#: bundles of four; ``docs/design.md``).
+BUNDLE_BATCHES = 4
+
+
+class Bundle(list[Any]):
+    """Tagged batches ``(step, batch, io)`` that travel as one DataLoader item."""
+
+    __slots__ = ()
+
+
+def bundled(items: Iterator[Any], most: int = BUNDLE_BATCHES) -> Iterator[Bundle]:
+    """``items`` in bundles: the first alone, then up to ``most`` at a time."""
+    size = 1
+    while True:
+        bundle = Bundle()
+        for item in items:
+            bundle.append(item)
+            if len(bundle) >= size:
+                break
+        if not bundle:
+            return
+        yield bundle
+        size = most
+
+
+class SourceIO:
+    """Requests and bytes of the readers of one process, as deltas between batches."""
+
+    def __init__(self) -> None:
+        self._reader: Any = None
+        self._readers: list[Any] = []
+        self._seen: list[tuple[int, int]] = []
+        self._counters: list[Callable[[], tuple[int, int]]] = []
+
+    def note(self, reader: Any, readers: list[Any]) -> None:
+        """Count ``reader`` from now on: ``readers``, the reader of each of its sources
+        (:meth:`~rangestream.loader.sources.protocol.SampleSource.source_readers`)."""
+        if reader is not self._reader:
+            self._reader = reader
+            self._readers = readers
+            self._seen = []
+            self._counters = []
+
+    def delta(self) -> list[tuple[int, int]] | None:
+        """``(requests, bytes)`` per source since the previous call; ``None`` before any
+        reader was noted."""
+        reader = self._reader
+        if reader is None:
+            return None
+        if not self._counters:
+            self._counters = [_io_counts(one) for one in self._readers]
+        now = [counts() for counts in self._counters]
+        seen = self._seen or [(0, 0)] * len(now)
+        self._seen = now
+        return [(r - r0, b - b0) for (r, b), (r0, b0) in zip(now, seen, strict=True)]
+
+
+def _io_counts(reader: Any) -> Callable[[], tuple[int, int]]:
+    """Requests and bytes a reader has made so far, read cheaply on every batch.
+
+    A dataset reader's ``stats`` is a snapshot (about 20 us, per batch and source); the live
+    counter behind it (``storage_reader.opened.reader.counter``, an ``IOCounter``) is summed
+    in well under a microsecond. Readers without it fall back to ``stats``, and readers
+    without either count nothing.
+    """
+    opened = getattr(getattr(reader, "storage_reader", None), "opened", None)
+    counter = getattr(getattr(opened, "reader", None), "counter", None)
+    kinds = getattr(counter, "kinds", None)
+    if isinstance(kinds, dict):
+
+        def live() -> tuple[int, int]:
+            requests = nbytes = 0
+            for count, size in list(kinds.values()):
+                requests += count
+                nbytes += size
+            return requests, nbytes
+
+        return live
+    if hasattr(reader, "stats"):
+        return lambda: (reader.stats.requests, reader.stats.bytes)
+    return lambda: (0, 0)

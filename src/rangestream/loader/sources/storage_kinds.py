@@ -15,7 +15,7 @@ storage class carries:
 Duck typing on one attribute keeps this layer free of imports from ``storage/`` (data flows
 loader -> dataset -> storage, and the loader needs only the dataset classes). A new storage
 kind registers a builder with :func:`register_storage_kind`: a function from the storage and
-its :class:`SourceOptions` to a :class:`~rangestream.loader.sources.SampleSource`.
+its :class:`SourceOptions` to a :class:`~rangestream.loader.sources.protocol.SampleSource`.
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from rangestream.errors import LoaderConfigError
-from rangestream.loader.sources import IndexedSource, SampleSource, shuffle_mode
-from rangestream.loader.temporal import TemporalWindowSource
+from rangestream.loader.sources.indexed import IndexedSource
+from rangestream.loader.sources.protocol import SampleSource, Shuffle
+from rangestream.loader.sources.temporal import TemporalWindowSource
 
 __all__ = [
     "SourceBuilder",
@@ -120,7 +121,8 @@ def default_shuffle(storage: Any) -> str:
     window is a page-cache copy, and the per-window shuffle's batches are as mixed as an
     ideal shuffle's.
     """
-    return "window" if getattr(storage, "is_local", False) else "block"
+    order = Shuffle.WINDOW if getattr(storage, "is_local", False) else Shuffle.BLOCK
+    return str(order.mode)
 
 
 def _reject(kind: str, **given: object) -> None:
@@ -163,7 +165,7 @@ def _stream_builder(kind: str) -> SourceBuilder:
 def _temporal_records_shuffle(options: SourceOptions, why: str) -> str | bool:
     """The shuffle of whole temporal records: by record unless told otherwise; records
     are few and large, so there are no runs of them for ``"block"`` to read."""
-    if options.shuffle == "block":
+    if options.shuffle is not None and Shuffle.parse(options.shuffle) is Shuffle.BLOCK:
         raise LoaderConfigError(
             f"{why}; shuffle='block' reads runs of many small samples: use "
             "shuffle='window' (the default) or False"
@@ -197,7 +199,7 @@ def _temporal_builder(storage: Any, options: SourceOptions) -> SampleSource:
         run_windows=options.run_windows,
         buffer_runs=options.buffer_runs,
     )
-    if options.shuffle is not None and shuffle_mode(options.shuffle) != "window":
+    if options.shuffle is not None and Shuffle.parse(options.shuffle) is not Shuffle.WINDOW:
         raise LoaderConfigError(
             "'temporal' storage draws windows at random; shuffle=False or 'block' has no "
             "meaning there (for whole records in order, load TemporalRecords(storage))"

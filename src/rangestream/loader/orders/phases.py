@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from rangestream.errors import LoaderConfigError, StateError
-from rangestream.loader.geometry import check_count
+from rangestream.loader.orders.geometry import check_count
 
 __all__ = [
     "EpochPosition",

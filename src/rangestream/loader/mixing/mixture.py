@@ -1,8 +1,8 @@
 """A mixture: named sources with sizes, weights and options, its epoch length and quotas.
 
 :class:`Mixture` is the plain description a mixed loader is built from (see
-:mod:`rangestream.loader.mixing` for the epoch's order); :class:`SourceDraws` says which pass
-of a source, or which window of its down-sampling cycle, the ``j``-th draw of an epoch reads.
+:mod:`rangestream.loader.mixing.mixed_order` for the epoch's order); :class:`SourceDraws` says which
+pass of a source, or which window of its down-sampling cycle, the ``j``-th draw of an epoch reads.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from rangestream.errors import LoaderConfigError
-from rangestream.loader.interleave import MAX_POSITION, Interleave
-from rangestream.loader.permutation import keyed_hash
+from rangestream.loader.mixing.interleave import MAX_POSITION, Interleave
+from rangestream.loader.orders.permutation import keyed_hash
 
 __all__ = [
     "CYCLE_KEY",

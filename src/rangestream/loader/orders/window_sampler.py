@@ -37,7 +37,7 @@ import numpy.typing as npt
 
 from rangestream.arguments import positive_integer
 from rangestream.errors import CorruptDataError, LoaderConfigError
-from rangestream.loader.permutation import keyed_hash
+from rangestream.loader.orders.permutation import keyed_hash
 
 __all__ = [
     "CountsIndex",

@@ -20,7 +20,7 @@ import numpy as np
 
 from rangestream.arguments import positive_integer
 from rangestream.errors import LoaderConfigError
-from rangestream.loader.window_sampler import (
+from rangestream.loader.orders.window_sampler import (
     CountsIndex,
     Draw,
     Sampling,
@@ -29,6 +29,7 @@ from rangestream.loader.window_sampler import (
     answer_async,
     check_sampling,
 )
+from rangestream.loader.sources.protocol import SampleSource
 
 __all__ = ["TemporalStorage", "TemporalWindowSource"]
 
@@ -59,7 +60,7 @@ class _Windows:
         #: of Python work cost more than entries looked up), one when each proposal may
         #: read an index chunk (a rejected candidate's chunk costs more than a round).
         self.candidates = None if getattr(index, "index_in_memory", True) else 1
-        #: The storage's reader: the loader counts its requests (``source_io``).
+        #: The storage's reader: the loader counts its requests (``loader.transport``).
         self.storage_reader = reader
         self.read = read
 
@@ -74,7 +75,7 @@ def _reads_by_index(storage: Any) -> Any:
     return None
 
 
-class TemporalWindowSource:
+class TemporalWindowSource(SampleSource):
     """Random frame windows of temporal records, as a :class:`SampleSource`.
 
     Parameters

@@ -1,8 +1,8 @@
 """A weighted mixture of sample sources, as one sample source.
 
 Each source is read in storage order (windows, documents) or by its own draws (temporal
-windows); :class:`~rangestream.loader.mixing.MixedOrder` says which source and which sample
-each position of the epoch takes, exact at every prefix and shuffled per source. So the
+windows); :class:`~rangestream.loader.mixing.mixed_order.MixedOrder` says which source and which
+sample each position of the epoch takes, exact at every prefix and shuffled per source. So the
 loader plans, reads ahead, counts and resumes a mixture exactly as one source: the position
 is still ``consumed_samples``. A batch's requests are grouped by source and each group is
 read with its source's own ``read_many`` (concurrently over a remote store), so mixing adds
@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 
 from rangestream.errors import LoaderConfigError, StateError
-from rangestream.loader.mixing import MixedOrder
-from rangestream.loader.mixture import Mixture, MixtureSource
-from rangestream.loader.shuffle import DEFAULT_RUN_BYTES, BlockShuffle, buffer_runs_for
-from rangestream.loader.sources import SampleSource
-from rangestream.loader.storage_kinds import (
+from rangestream.loader.mixing.mixed_order import MixedOrder
+from rangestream.loader.mixing.mixture import Mixture, MixtureSource
+from rangestream.loader.orders.block_shuffle import DEFAULT_RUN_BYTES, BlockShuffle, buffer_runs_for
+from rangestream.loader.sources.protocol import EpochPlanning, SampleSource, Shuffle
+from rangestream.loader.sources.storage_kinds import (
     SourceOptions,
     build_source,
     default_shuffle,
@@ -59,8 +59,9 @@ class MixedReader:
         return counts
 
 
-class MixedSource:
-    """Sources mixed by weight into one epoch order (see :mod:`rangestream.loader.mixing`).
+class MixedSource(SampleSource):
+    """Sources mixed by weight into one epoch order (see
+    :mod:`rangestream.loader.mixing.mixed_order`).
 
     Parameters
     ----------
@@ -77,7 +78,7 @@ class MixedSource:
     shuffle : {True, "window", "block", False}, default True
         Shuffle each source per sample (``True`` or ``"window"``: a fresh order per pass),
         with its own block shuffle (``"block"``: runs of about 4 MiB read whole, see
-        :mod:`rangestream.loader.mixed_blocks`), or read each in storage order.
+        :mod:`rangestream.loader.reading.mixed_blocks`), or read each in storage order.
     run_windows, buffer_runs : sequence of int, optional
         The block shuffle's parameters per source; chosen from the data when omitted and
         kept in the state once chosen.
@@ -106,10 +107,10 @@ class MixedSource:
         self.names = list(sources)
         self.sources = [sources[name] for name in self.names]
         for name, source in zip(self.names, self.sources, strict=True):
-            if getattr(source, "shuffle", False) not in (False, None):
+            if source.shuffles_itself():
                 raise LoaderConfigError(
                     f"mixture source {name!r} must be in storage order (the mixture shuffles "
-                    f"each source itself), got shuffle={source.shuffle!r}"  # type: ignore[attr-defined]
+                    f"each source itself), got {source!r}"
                 )
         counted = {name: int(sizes[name]) for name in self.names} if sizes else {}
         for name, source in zip(self.names, self.sources, strict=True):
@@ -123,12 +124,11 @@ class MixedSource:
             seed=seed,
         )
         self.seed = mixture.seed
-        if shuffle not in (True, False, "window", "block"):
-            raise LoaderConfigError(
-                f"a mixture's shuffle must be True, 'window', 'block' or False, got {shuffle!r}"
-            )
-        self.shuffle: bool | str = "block" if shuffle == "block" else bool(shuffle)
-        self.order = MixedOrder(mixture, shuffle=bool(shuffle))
+        #: The shuffle, parsed once: each source per sample, by its own block shuffle, or
+        #: none (storage order).
+        self.shuffled = _parse_shuffle(shuffle)
+        self.planning = _PLANNING[self.shuffled]
+        self.order = MixedOrder(mixture, shuffle=self.shuffled is not Shuffle.NONE)
         count = len(self.names)
         self.run_windows: list[int | None] = list(run_windows or [None] * count)
         self.buffer_runs: list[int | None] = list(buffer_runs or [None] * count)
@@ -146,6 +146,11 @@ class MixedSource:
         return f"MixedSource({self.order!r})"
 
     @property
+    def shuffle(self) -> bool | str:
+        """The shuffle as its identity records it: ``True``, ``"block"`` or ``False``."""
+        return self.shuffled.value  # type: ignore[no-any-return]
+
+    @property
     def mixture(self) -> Mixture:
         return self.order.mixture
 
@@ -155,12 +160,12 @@ class MixedSource:
         identity = {
             "kind": "mixture",
             "seed": self.seed,
-            "shuffle": self.shuffle,
+            "shuffle": self.shuffled.value,
             "sources": list(self.names),
             "sizes": list(self.mixture.sizes),
             "source_orders": [source.identity() for source in self.sources],
         }
-        if self.shuffle == "block":
+        if self.planning is EpochPlanning.MIXED_BLOCKS:
             identity["run_windows"] = list(self.run_windows)
             identity["buffer_runs"] = list(self.buffer_runs)
         return identity
@@ -175,7 +180,7 @@ class MixedSource:
         shuffles = []
         for number, (name, source) in enumerate(zip(self.names, self.sources, strict=True)):
             if self.run_windows[number] is None:
-                span = getattr(source, "span_bytes", None)
+                span = source.sample_span_bytes()
                 if not isinstance(span, int) or span < 1:
                     raise LoaderConfigError(
                         f"shuffle='block' needs samples adjacent in storage in every source; "
@@ -195,7 +200,7 @@ class MixedSource:
 
     def adopt_order_parameters(self, state: Mapping[str, Any]) -> None:
         """Take the block shuffle's parameters from a saved state, unless given here."""
-        if self.shuffle != "block":
+        if self.planning is not EpochPlanning.MIXED_BLOCKS:
             return
         for key in ("run_windows", "buffer_runs"):
             saved = state.get(key)
@@ -211,7 +216,9 @@ class MixedSource:
         """The mixture's weights, epoch length and curriculum phases (plain data)."""
         return self.order.state_dict()
 
-    def load_order_state(self, state: Mapping[str, Any], *, epoch: int, position: int) -> None:
+    def load_order_state(
+        self, state: Mapping[str, Any] | None, *, epoch: int, position: int
+    ) -> None:
         """Continue a saved run's weights and curriculum phases.
 
         Built with the weights the saved run was built with, this source continues the
@@ -219,6 +226,8 @@ class MixedSource:
         with other weights, those take over from ``position`` of ``epoch``: a curriculum
         step between two runs.
         """
+        if not isinstance(state, dict):
+            raise StateError(f"the state has no mixture state ('mixture': {state!r})")
         requested = self.order.weights
         self.order.load_state_dict(state)
         if requested != self.order.mixture.weights:
@@ -294,12 +303,37 @@ class MixedSource:
     def sample_span_bytes(self) -> int | None:
         return None
 
+    def shuffles_itself(self) -> bool:
+        return self.shuffled is not Shuffle.NONE
+
+    def source_readers(self, reader: MixedReader) -> list[Any]:
+        return list(reader.readers)
+
     def reads_per_batch(self) -> int:
         return int(sum(weight > 0 for weight in self.order.weights))
 
     def preload(self) -> None:
         for source in self.sources:
             source.preload()
+
+
+#: How a mixture's epoch is planned, by its shuffle.
+_PLANNING = {
+    Shuffle.WINDOW: EpochPlanning.SEQUENCE,
+    Shuffle.NONE: EpochPlanning.SEQUENCE,
+    Shuffle.BLOCK: EpochPlanning.MIXED_BLOCKS,
+}
+
+
+def _parse_shuffle(shuffle: object) -> Shuffle:
+    """A mixture's ``shuffle`` argument (``True``, ``"window"``, ``"block"``, ``False``)."""
+    if shuffle not in (True, False, "window", "block"):
+        raise LoaderConfigError(
+            f"a mixture's shuffle must be True, 'window', 'block' or False, got {shuffle!r}"
+        )
+    if shuffle == "block":
+        return Shuffle.BLOCK
+    return Shuffle.WINDOW if shuffle else Shuffle.NONE
 
 
 def _by_source(requests: Sequence[tuple[int, Any]]) -> dict[int, tuple[list[int], list[Any]]]:
@@ -339,10 +373,7 @@ def mixed_source(
         raise LoaderConfigError(
             f"from_storages needs a mapping of storages to weights, got {weights!r}"
         )
-    if shuffle not in (True, False, "window", "block"):
-        raise LoaderConfigError(
-            f"a mixture's shuffle must be True, 'window', 'block' or False, got {shuffle!r}"
-        )
+    order = _parse_shuffle(shuffle)
     extra = [key for key in (per_source or {}) if key not in weights]
     extra += [key for key in (names or {}) if key not in weights]
     if extra:
@@ -370,10 +401,7 @@ def mixed_source(
             f"mixed storages must share a sample shape, got {sorted(shapes)}; mix storages of "
             "one kind (stream windows, documents or temporal windows)"
         )
-    lengths = {
-        getattr(getattr(source, "dataset", None), "window_length", None)
-        for source in sources.values()
-    }
+    lengths = {source.window_length() for source in sources.values()}
     if len(lengths) > 1:
         raise LoaderConfigError(
             f"mixed windows must have one length, got {sorted(lengths, key=str)} "
@@ -381,10 +409,14 @@ def mixed_source(
         )
     if shuffle is True:  # the storages' default: the block shuffle if any is remote
         windows = shapes == {"windows"}
-        remote = any(default_shuffle(storage) == "block" for storage in weights)
-        shuffle = "block" if windows and remote else True
-    if shuffle == "block" and shapes != {"windows"}:
+        remote = any(
+            Shuffle.parse(default_shuffle(storage)) is Shuffle.BLOCK for storage in weights
+        )
+        order = Shuffle.BLOCK if windows and remote else Shuffle.WINDOW
+    if order is Shuffle.BLOCK and shapes != {"windows"}:
         raise LoaderConfigError(
             f"shuffle='block' mixes stream windows only, got {sorted(shapes)}; use shuffle='window'"
         )
-    return MixedSource(sources, named_weights, num_samples=num_samples, seed=seed, shuffle=shuffle)
+    return MixedSource(
+        sources, named_weights, num_samples=num_samples, seed=seed, shuffle=order.value
+    )

@@ -1,7 +1,7 @@
 """How a mixture's source is read within one pass: shuffled, or in storage order.
 
 A :class:`SourceOrder` maps ``(indices, key)`` to sample positions, a bijection of the
-source per key (pass numbers, and :data:`~rangestream.loader.mixture.CYCLE_KEY`).
+source per key (pass numbers, and :data:`~rangestream.loader.mixing.mixture.CYCLE_KEY`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Protocol
 
 import numpy as np
 
-from rangestream.loader.permutation import DEFAULT_ROUNDS, Permutation, _key, _mix_in_place
+from rangestream.loader.orders.permutation import DEFAULT_ROUNDS, Permutation, _key, _mix_in_place
 
 __all__ = ["SequentialOrder", "ShuffledOrder", "SourceOrder", "shuffle_groups"]
 

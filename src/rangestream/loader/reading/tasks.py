@@ -19,18 +19,14 @@ import contextlib
 import os
 import sys
 import weakref
-from abc import abstractmethod
-from collections.abc import Coroutine, Iterable, Iterator
+from collections.abc import Coroutine
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from rangestream.errors import StateError
 from rangestream.io.process import io_loop
 
-if TYPE_CHECKING:
-    from rangestream.loader.iterable import BatchIterableDataset
-
-__all__ = ["SHUTDOWN_SECONDS", "BatchIterator", "IterationTasks", "emit_batches"]
+__all__ = ["SHUTDOWN_SECONDS", "IterationTasks"]
 
 T = TypeVar("T")
 
@@ -132,61 +128,3 @@ def _close_live() -> None:
     for tasks in list(_live):
         with contextlib.suppress(Exception):
             tasks.close()
-
-
-class BatchIterator(Iterator[Any]):
-    """A worker's batches whose reads are tasks of one iteration: the base of each reading
-    strategy (sequential read-ahead, block shuffle, mixed blocks), which differ only in how
-    they plan and read. Closed at its end, on an error, or when dropped in the process that
-    made it (a forked copy closes nothing: the tasks belong to the parent's loop)."""
-
-    def __init__(self, dataset: BatchIterableDataset) -> None:
-        self._dataset = dataset
-        self._pid = os.getpid()
-        self._closed = False
-        self.tasks = IterationTasks()
-
-    @abstractmethod
-    def _next_step(self) -> tuple[int, list[Any]] | None:
-        """The next step and its samples, waiting for their reads; ``None`` at the end."""
-
-    def __next__(self) -> Any:
-        if self._closed:
-            raise StopIteration
-        try:
-            found = self._next_step()
-            if found is not None:
-                return self._emit(*found)
-        except BaseException:
-            self.close()
-            raise
-        self.close()
-        raise StopIteration
-
-    def _emit(self, step: int, samples: list[Any]) -> Any:
-        """Collate one step's samples and hand the batch out with the loader's position."""
-        collated = self._dataset.options.collate_fn(samples)  # type: ignore[misc]
-        self._dataset.worker_batches += 1
-        return self._dataset.emit(step, collated)
-
-    def close(self) -> None:
-        """Cancel what is in flight and exit the readers (idempotent)."""
-        if not self._closed:
-            self._closed = True
-            self.tasks.close()
-
-    def __del__(self) -> None:
-        if os.getpid() == getattr(self, "_pid", None):
-            with contextlib.suppress(Exception):
-                self.close()
-
-
-def emit_batches(
-    dataset: BatchIterableDataset, steps: Iterable[tuple[int, list[Any]]]
-) -> Iterator[Any]:
-    """Collate each step's samples and hand the batches out with the loader's position: the
-    sync reading paths' counterpart of :meth:`BatchIterator._emit`."""
-    collate = dataset.options.collate_fn
-    for step, samples in steps:
-        dataset.worker_batches += 1
-        yield dataset.emit(step, collate(samples))  # type: ignore[misc]

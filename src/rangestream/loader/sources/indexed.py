@@ -1,103 +1,48 @@
-"""Sample sources: the one contract between the loader and what it reads.
+"""Windows, documents and records read by index: the :class:`IndexedSource`.
 
-The loader (:class:`rangestream.loader.BatchIterableDataset`) cuts an epoch into batches,
-ranks and workers, reads ahead and keeps the position. What it reads comes from a
-:class:`SampleSource`, which answers four questions:
-
-- how many samples an epoch has (:meth:`~SampleSource.count` in the calling process,
-  :meth:`~SampleSource.num_samples` from a reader in the process that iterates);
-- which read request sequence index ``i`` of epoch ``e`` becomes
-  (:meth:`~SampleSource.requests`: the order, a shuffle or a draw, lives here);
-- how to read a batch of requests, synchronously (local disk: no event loop) or
-  asynchronously (object storage, on the process's I/O loop);
-- what identifies its order, so a saved position is only resumed under the same order.
-
-Windows and documents (:class:`IndexedSource`), random temporal windows
-(:class:`rangestream.loader.temporal.TemporalWindowSource`) and mixtures of sources
-(:class:`rangestream.loader.mixed.MixedSource`) are implementations; a dataset of whole
-records with ``read_many(indexes)`` readers is one more :class:`IndexedSource`.
+The most common :class:`~rangestream.loader.sources.protocol.SampleSource`: a dataset whose
+readers have ``read_many(indexes)`` (``StreamDataset``, ``DocumentDataset``, whole temporal
+records), read in storage order, by a per-window :class:`Permutation`, or planned by the
+block shuffle (:mod:`rangestream.loader.orders.block_shuffle`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 import numpy as np
 
 from rangestream.arguments import positive_integer
 from rangestream.errors import LoaderConfigError
-from rangestream.loader.permutation import Permutation
-from rangestream.loader.shuffle import DEFAULT_RUN_BYTES, BlockShuffle, buffer_runs_for
+from rangestream.loader.orders.block_shuffle import DEFAULT_RUN_BYTES, BlockShuffle, buffer_runs_for
+from rangestream.loader.orders.permutation import Permutation
+from rangestream.loader.sources.protocol import EpochPlanning, SampleSource, Shuffle
 
-__all__ = ["SHUFFLES", "IndexedDataset", "IndexedSource", "SampleSource", "shuffle_mode"]
+__all__ = ["SHUFFLES", "IndexedDataset", "IndexedSource", "shuffle_mode"]
 
-SHUFFLES = ("block", "window", False)
+SHUFFLES = tuple(shuffle.mode for shuffle in (Shuffle.BLOCK, Shuffle.WINDOW, Shuffle.NONE))
 """Orders of an indexed source: the block shuffle (runs of windows read whole, mixed within
-buffers: :mod:`rangestream.loader.shuffle`), a per-window global shuffle, or storage
+buffers: :mod:`rangestream.loader.orders.block_shuffle`), a per-window global shuffle, or storage
 order."""
 
 
 def shuffle_mode(shuffle: object) -> str | bool:
     """``shuffle`` as one of :data:`SHUFFLES` (``True`` is the per-window shuffle)."""
-    if shuffle is True or shuffle == "window":
-        return "window"
-    if shuffle is False or shuffle == "block":
-        return shuffle  # type: ignore[return-value]
-    raise LoaderConfigError(f"shuffle must be 'block', 'window' or False, got {shuffle!r}")
+    return Shuffle.parse(shuffle).mode
+
+
+#: How an indexed source's epoch is planned, by its shuffle.
+_PLANNING = {
+    Shuffle.WINDOW: EpochPlanning.SEQUENCE,
+    Shuffle.NONE: EpochPlanning.SEQUENCE,
+    Shuffle.BLOCK: EpochPlanning.BLOCKS,
+}
 
 
 def _optional_count(value: int | None, name: str) -> int | None:
     return None if value is None else positive_integer(value, name, error=LoaderConfigError)
-
-
-@runtime_checkable
-class SampleSource(Protocol):
-    """What the loader reads: samples per epoch, the order, and sync and async reads.
-
-    A source is a picklable description: it is sent to DataLoader workers, and it opens
-    nothing until the loader enters :meth:`open_sync` or :meth:`open_async` in the process
-    that iterates (after any fork). ``reader`` below is what that context yields.
-    """
-
-    #: Seed of the order (equal on every rank); saved with every state.
-    seed: int
-
-    def identity(self) -> dict[str, Any]:
-        """Plain data that defines the epoch's order (checked when a state is loaded)."""
-
-    def count(self) -> int:
-        """Samples per epoch, counted in the calling process (``len(loader)``)."""
-
-    def num_samples(self, reader: Any) -> int:
-        """Samples per epoch, from the reader of the iterating process."""
-
-    def requests(self, reader: Any, indices: np.ndarray, epoch: int) -> Sequence[Any]:
-        """Read requests of epoch-sequence ``indices`` (``int64``), in order."""
-
-    def open_sync(self) -> AbstractContextManager[Any] | None:
-        """A sync reader's context where reads are local copies; ``None`` reads remotely
-        through :meth:`open_async` on the process's I/O loop."""
-
-    def open_async(self) -> AbstractAsyncContextManager[Any]:
-        """The async reader's context, entered on the process's I/O loop."""
-
-    def read_many_sync(self, reader: Any, requests: list[Any]) -> list[Any]:
-        """Samples of ``requests`` from the reader of :meth:`open_sync`."""
-
-    async def read_many(self, reader: Any, requests: list[Any]) -> list[Any]:
-        """Samples of ``requests``, read together (one round of coalesced requests)."""
-
-    def sample_span_bytes(self) -> int | None:
-        """Storage bytes between consecutive samples of the epoch's order if they are
-        adjacent there (sequential windows; documents, on average), else ``None``."""
-
-    def reads_per_batch(self) -> int:
-        """``read_many`` calls the requests of one batch become (a mixture's sources)."""
-
-    def preload(self) -> None:
-        """Import the client code reading will need (before DataLoader workers fork)."""
 
 
 class IndexedDataset(Protocol):
@@ -112,7 +57,7 @@ class IndexedDataset(Protocol):
     def sync_reader(self) -> AbstractContextManager[Any]: ...
 
 
-class IndexedSource:
+class IndexedSource(SampleSource):
     """Windows, documents or records of a dataset read by index.
 
     Parameters
@@ -121,7 +66,7 @@ class IndexedSource:
         ``StreamDataset``, ``DocumentDataset`` or any dataset with the same readers.
     shuffle : {"block", "window", False}, default "window"
         ``"window"`` (or ``True``): a seeded global :class:`Permutation` per epoch.
-        ``"block"``: the block shuffle (:mod:`rangestream.loader.shuffle`); the loader
+        ``"block"``: the block shuffle (:mod:`rangestream.loader.orders.block_shuffle`); the loader
         plans it by regions and reads runs whole, this source reads in storage order.
         ``False``: storage order.
     seed : int, default 0
@@ -141,7 +86,9 @@ class IndexedSource:
         buffer_runs: int | None = None,
     ) -> None:
         self.dataset = dataset
-        self.shuffle = shuffle_mode(shuffle)
+        #: The order, parsed once from ``shuffle``.
+        self.order = Shuffle.parse(shuffle)
+        self.planning = _PLANNING[self.order]
         self.seed = int(seed)
         self.run_windows = _optional_count(run_windows, "run_windows")
         self.buffer_runs = _optional_count(buffer_runs, "buffer_runs")
@@ -160,9 +107,14 @@ class IndexedSource:
         #: opening (a blocking call), which cannot happen later, where workers plan on
         #: their I/O loop. Not needed, and so not asked, for the per-window shuffle.
         self.span_bytes: int | None = None
-        if self.shuffle != "window":
+        if self.order is not Shuffle.WINDOW:
             span = getattr(dataset, "sample_span_bytes", None)
             self.span_bytes = int(span) if isinstance(span, int) and span > 0 else None
+
+    @property
+    def shuffle(self) -> str | bool:
+        """The shuffle as given: ``"window"``, ``"block"`` or ``False``."""
+        return self.order.mode
 
     def __repr__(self) -> str:
         return f"IndexedSource({self.dataset!r}, shuffle={self.shuffle!r}, seed={self.seed})"
@@ -173,9 +125,12 @@ class IndexedSource:
         return state
 
     def identity(self) -> dict[str, Any]:
-        shuffle: str | bool = True if self.shuffle == "window" else self.shuffle
-        identity: dict[str, Any] = {"kind": "indexed", "shuffle": shuffle, "seed": self.seed}
-        if self.shuffle == "block":
+        identity: dict[str, Any] = {
+            "kind": "indexed",
+            "shuffle": self.order.value,
+            "seed": self.seed,
+        }
+        if self.planning is EpochPlanning.BLOCKS:
             identity["run_windows"] = self.run_windows
             identity["buffer_runs"] = self.buffer_runs
         return identity
@@ -191,7 +146,7 @@ class IndexedSource:
 
     def positions(self, indices: np.ndarray, num_samples: int, epoch: int) -> np.ndarray:
         """Sample positions of epoch-sequence ``indices`` (the per-window shuffle, if on)."""
-        if self.shuffle != "window":
+        if self.order is not Shuffle.WINDOW:
             return np.asarray(indices, dtype=np.int64)
         permutation = self._permutation
         if permutation is None or (permutation.n, permutation.epoch) != (num_samples, epoch):
@@ -236,9 +191,9 @@ class IndexedSource:
             self.buffer_runs = buffer_runs_for(num_samples, self.run_windows, readers)
         return BlockShuffle(num_samples, self.seed, self.run_windows, self.buffer_runs)
 
-    def adopt_order_parameters(self, state: dict[str, Any]) -> None:
+    def adopt_order_parameters(self, state: Mapping[str, Any]) -> None:
         """Take the block shuffle's parameters from a saved state, unless given here."""
-        if self.shuffle != "block":
+        if self.planning is not EpochPlanning.BLOCKS:
             return
         for key in ("run_windows", "buffer_runs"):
             saved = state.get(key)
@@ -250,6 +205,12 @@ class IndexedSource:
 
     def reads_per_batch(self) -> int:
         return 1
+
+    def window_length(self) -> int | None:
+        return getattr(self.dataset, "window_length", None)
+
+    def shuffles_itself(self) -> bool:
+        return self.order is not Shuffle.NONE
 
     def preload(self) -> None:
         preload = getattr(getattr(self.dataset, "storage", None), "preload_readers", None)

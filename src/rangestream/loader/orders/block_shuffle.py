@@ -16,7 +16,7 @@ pure function of plain integers: no per-epoch array of the dataset's size exists
 The block shuffle's epoch
 -------------------------
 Runs are the fixed grid ``run x = windows [x * R, min((x + 1) * R, n))`` (only the last run
-can be short). A keyed :class:`~rangestream.loader.permutation.Permutation` of the runs
+can be short). A keyed :class:`~rangestream.loader.orders.permutation.Permutation` of the runs
 orders them; consecutive groups of ``K`` permuted runs are buffers, and a second keyed
 permutation per buffer orders the buffer's windows. The concatenation of the buffers is the
 epoch's **order** ``Q``, a sequence of every window once, independent of world size, batch
@@ -53,21 +53,21 @@ import numpy as np
 import numpy.typing as npt
 
 from rangestream.errors import OutOfRangeError, StateError
-from rangestream.loader.geometry import (
+from rangestream.loader.orders.geometry import (
     DEFAULT_RUN_BYTES,
     WindowGeometry,
     check_count,
     run_windows_for,
 )
-from rangestream.loader.permutation import Permutation, _mix_in_place, keyed_hash
-from rangestream.loader.phases import (
+from rangestream.loader.orders.permutation import Permutation, _mix_in_place, keyed_hash
+from rangestream.loader.orders.phases import (
     EpochPosition,
     Phase,
     PhaseLayout,
     phase_layout,
     reader_region,
 )
-from rangestream.loader.worker_plan import (
+from rangestream.loader.orders.worker_plan import (
     SPAN_MIN_FILL,
     ReadGroup,
     RunRead,

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from rangestream.errors import StateError
-from rangestream.loader.geometry import check_count
-from rangestream.loader.permutation import Permutation
-from rangestream.loader.phases import EpochPosition, check_worker
-from rangestream.loader.plan import EpochPlan
+from rangestream.loader.orders.geometry import check_count
+from rangestream.loader.orders.permutation import Permutation
+from rangestream.loader.orders.phases import EpochPosition, check_worker
+from rangestream.loader.orders.sequence_plan import EpochPlan
 
 __all__ = ["SPAN_MIN_FILL", "ReadGroup", "RunRead", "WindowShuffle", "WorkerPlan", "check_worker"]
 
@@ -141,8 +141,8 @@ class WorkerPlan:
 class WindowShuffle:
     """Today's orders through the plan interface: a global per-window shuffle, or none.
 
-    The epoch is one world-independent sequence (see :mod:`rangestream.loader.plan`) and
-    the position is ``consumed_samples`` alone, so phases change nothing but that count.
+    The epoch is one world-independent sequence (see :mod:`rangestream.loader.orders.sequence_plan`)
+    and the position is ``consumed_samples`` alone, so phases change nothing but that count.
     Each shuffled window is its own read (one range request each, unless two windows of a
     step happen to be neighbours); in storage order a worker's run of steps is one read.
 

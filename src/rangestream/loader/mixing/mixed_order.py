@@ -4,7 +4,7 @@ A :class:`Mixture` names its sources (each with its size in samples, its weight 
 loader options), the samples per epoch and the seed. :class:`MixedOrder` turns it into the
 epoch's global order, position by position and without per-epoch arrays:
 
-1. the *interleave* (:class:`rangestream.loader.interleave.Interleave`) says which source
+1. the *interleave* (:class:`rangestream.loader.mixing.interleave.Interleave`) says which source
    position ``i`` takes and which of that source's draws it is (``j``): in every prefix
    each source is within :attr:`Mixture.bound` of its share;
 2. the source's *draws* (:class:`SourceDraws`) say which pass, or which window of the
@@ -57,8 +57,8 @@ import numpy as np
 import numpy.typing as npt
 
 from rangestream.errors import LoaderConfigError, OutOfRangeError, StateError
-from rangestream.loader.interleave import Interleave
-from rangestream.loader.mixture import (
+from rangestream.loader.mixing.interleave import Interleave
+from rangestream.loader.mixing.mixture import (
     CYCLE_KEY,
     STATE_PHASE_EPOCH,
     STATE_PHASES,
@@ -71,7 +71,7 @@ from rangestream.loader.mixture import (
     check_weight,
     draw_keys,
 )
-from rangestream.loader.source_orders import (
+from rangestream.loader.mixing.source_orders import (
     SequentialOrder,
     ShuffledOrder,
     SourceOrder,

@@ -1,0 +1,167 @@
+"""The block-shuffle strategy: one ``read_many`` per run, batches as reads arrive.
+
+A worker's :class:`~rangestream.loader.orders.worker_plan.WorkerPlan` lists read groups (one
+per buffer its region visits), each a list of
+:class:`~rangestream.loader.orders.worker_plan.RunRead` s in the order their windows are first
+needed. The worker issues one ``read_many`` per ``RunRead``, in that order, through the
+read-ahead (:mod:`rangestream.loader.reading.read_ahead`), keeps the windows of the group
+being handed out (at most one buffer: ``K`` runs) and hands out a step as soon as the reads
+holding its windows have arrived. Over a remote store at most ``prefetch`` windows are
+requested and not yet taken (by default two runs), so a worker holds at most ``K x run``
+windows plus the prefetch, and the first step's windows are read apart first (one round
+trip, rather than waiting for the ``K`` runs that hold them). On local disk it reads run by
+run with the sync reader.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from itertools import chain
+from typing import Any, cast
+
+import numpy as np
+
+from rangestream.loader.orders.worker_plan import ReadGroup, RunRead, WorkerPlan
+from rangestream.loader.reading.batches import ReadSpec, Start, Steps, raise_no_batch
+from rangestream.loader.reading.read_ahead import Feed, ReadEdge, ReadUnit
+from rangestream.loader.sources.protocol import BlockShuffledSource, SampleSource
+
+__all__ = ["BlockShuffled", "Placement", "assemble", "block_plan", "needed_windows"]
+
+Placement = Callable[[list[Any]], dict[int, Any]]
+"""A read's samples by window index (what a read's unit carries as its tag)."""
+
+
+def block_plan(spec: ReadSpec, reader: Any, start: Start) -> WorkerPlan:
+    """The remaining reads and steps of this worker under the block shuffle."""
+    source = cast(BlockShuffledSource, spec.source)
+    num_samples = spec.check_count(source.num_samples(reader))
+    shuffle = source.block_shuffle(num_samples, spec.world_size * start.num_workers)
+    position = start.phases
+    assert position is not None
+    if position.consumed_samples == 0 and shuffle.num_steps(position) == 0:
+        raise_no_batch(spec, num_samples)
+    return shuffle.worker_plan(start.epoch, position, rank=spec.rank, worker_id=start.worker_id)
+
+
+def needed_windows(read: RunRead, samples: list[Any]) -> dict[int, Any]:
+    """The needed windows of a read, by window index."""
+    requested = read.request_windows
+    if isinstance(requested, range):
+        first = requested.start
+        return {window: samples[window - first] for window in read.windows.tolist()}
+    return dict(zip(requested.tolist(), samples, strict=True))
+
+
+def assemble(
+    plan: WorkerPlan,
+    feed: Feed[ReadGroup, RunRead],
+    arrived: Iterator[tuple[Placement, list[Any]]],
+    skip: int,
+) -> Steps:
+    """``(step, samples)`` of the worker's steps in order, each as soon as its reads arrived.
+
+    ``arrived`` yields every read's placement and samples in the read-ahead's order; the
+    first ``skip`` steps are dropped (built before a per-worker resume).
+    """
+    size = plan.batch_size
+    pending: dict[int, list[Any]] = {}
+    filled: dict[int, int] = {}
+    order = iter(plan.steps.tolist())
+    next_step = next(order, None)
+    while (group := feed.next_group()) is not None:
+        have: dict[int, Any] = {}
+        for step, slot, window in zip(
+            group.steps.tolist(), group.slots.tolist(), group.windows.tolist(), strict=True
+        ):
+            while window not in have:
+                place, samples = next(arrived)
+                have.update(place(samples))
+            batch = pending.get(step)
+            if batch is None:
+                batch = pending[step] = [None] * size
+            batch[slot] = have[window]
+            filled[step] = filled.get(step, 0) + 1
+            while next_step is not None and filled.get(next_step) == size:
+                del filled[next_step]
+                samples_of_step = pending.pop(next_step)
+                if skip:
+                    skip -= 1
+                else:
+                    yield next_step, samples_of_step
+                next_step = next(order, None)
+
+
+def _first_step(
+    spec: ReadSpec, reader: Any, feed: Feed[ReadGroup, RunRead], epoch: int
+) -> ReadUnit[Placement] | None:
+    """The first step's windows as one read, ahead of the runs that hold them.
+
+    The first step takes windows of up to ``K`` runs of its buffer: waiting for those
+    runs (``K`` x 4 MiB) delays the first batch a training loop waits for, while its few
+    windows, read alone and at once, cost one round trip and a request each. The runs
+    start loading once they arrived: read beside them, the windows waited for the runs'
+    bytes (``docs/design.md``).
+    """
+    group = feed.first_group()
+    if group is None or len(group.reads) < 2:
+        return None  # one run holds it: reading it is as fast
+    windows = np.unique(group.windows[group.steps == group.steps[0]])
+    requests = list(spec.source.requests(reader, windows, epoch))
+
+    def place(samples: list[Any]) -> dict[int, Any]:
+        return dict(zip(windows.tolist(), samples, strict=True))
+
+    return ReadUnit(place, requests)
+
+
+class BlockShuffled:
+    """The strategy of block-shuffled sources (:attr:`EpochPlanning.BLOCKS`)."""
+
+    phased = True
+
+    def default_prefetch(self, source: SampleSource, batch_size: int) -> int:
+        """Two runs."""
+        return 2 * (cast(BlockShuffledSource, source).run_windows or 1)
+
+    def choose_parameters(
+        self, source: SampleSource, count: Callable[[], int], readers: int
+    ) -> None:
+        # chosen here from the count; a worker chooses them from its reader when it plans
+        # (counting here would open the dataset a second time in the worker)
+        cast(BlockShuffledSource, source).block_shuffle(count(), readers)
+
+    def steps(self, spec: ReadSpec, reader: Any, start: Start, edge: ReadEdge) -> Steps:
+        plan = block_plan(spec, reader, start)
+        feed: Feed[ReadGroup, RunRead] = Feed(plan.groups(), lambda group: group.reads)
+        source, epoch = spec.source, start.epoch
+
+        def runs() -> Iterator[ReadUnit[Placement]]:
+            for run in feed.reads():
+                windows = np.asarray(run.request_windows, dtype=np.int64)
+                requests = list(source.requests(reader, windows, epoch))
+                yield ReadUnit(lambda samples, run=run: needed_windows(run, samples), requests)
+
+        first = _first_step(spec, reader, feed, epoch) if edge.overlaps and not start.done else None
+        units = runs() if first is None else chain([first], runs())
+
+        def read(requests: list[Any]) -> Any:
+            return edge.read(source, reader, requests)
+
+        ahead = edge.read_ahead(units, read, max(spec.budget(self), 1))
+        ahead.fill()
+
+        def arrived() -> Iterator[tuple[Placement, list[Any]]]:
+            while (taken := ahead.take()) is not None:
+                yield taken
+
+        return assemble(plan, feed, arrived(), start.done)
+
+    def head_stretch(
+        self,
+        spec: ReadSpec,
+        open_sync: Callable[[], contextlib.AbstractContextManager[Any] | None],
+        start: Start,
+    ) -> Iterator[Any] | None:
+        return None  # its regions depend on the workers
