@@ -10,6 +10,7 @@ from rangestream.cli.options import add_store_arguments, retry_policy, storage_o
 
 
 def register(commands: Any) -> None:
+    from rangestream.ingest.inputs import DEFAULT_SPLIT_BYTES
     from rangestream.ingest.preset import TOO_LONG, Fields
     from rangestream.ingest.presets import PRESETS
 
@@ -43,6 +44,9 @@ def register(commands: Any) -> None:
     parser.add_argument("--eos-token", help="end-of-text token (default: the tokenizer's)")
     parser.add_argument("--chat-template", help="file holding a Jinja chat template")
     parser.add_argument("--input-format", choices=["jsonl", "parquet", "text"])
+    parser.add_argument("--split-bytes", type=int, default=DEFAULT_SPLIT_BYTES, metavar="BYTES",
+                        help="bytes of plain JSONL per split (one task, one shard; "
+                        "default: %(default)s)")  # fmt: skip
     parser.add_argument("--resume", action="store_true", help="continue an interrupted conversion")
     parser.add_argument("--overwrite", action="store_true", help="replace a dataset at URL")
     parser.add_argument(
@@ -84,6 +88,7 @@ def run(arguments: argparse.Namespace) -> int:
             chat_template=arguments.chat_template,
             storage_options=storage_options(arguments),
             input_format=arguments.input_format,
+            split_bytes=arguments.split_bytes,
             overwrite=arguments.overwrite,
             mode="append" if arguments.append else None,
             resume=arguments.resume,

@@ -30,6 +30,8 @@ from rangestream.layout.manifest import Manifest, data_prefix, shard_prefix
 from rangestream.layout.zarr_json import dumps, group_document
 from rangestream.storage.block_uploads import ArrayWriter, Uploader
 from rangestream.storage.commit import commit_session
+from rangestream.storage.kill_points import kill_point
+from rangestream.storage.live_versions import live_commits
 from rangestream.storage.parts import part_document
 from rangestream.storage.store_errors import keep_failure, library_errors
 
@@ -127,14 +129,17 @@ class WriteSession:
         """
         return DatasetWriter(self, part_id=part_id, max_buffered_bytes=max_buffered_bytes)
 
-    def commit(self) -> Manifest:
+    def commit(self, *, check_objects: bool = True) -> Manifest:
         """Publish everything the session's closed writers wrote, atomically.
 
         Raises ``CommitConflictError`` if another write committed the dataset meanwhile
-        (this version is then not published), and library errors for every other failure.
+        (this version is then not published), ``CommitError`` if an object the version
+        names is missing (deleted since its writer wrote it), and library errors for every
+        other failure. ``check_objects=False`` skips that check, for parts that claim
+        shards without objects on purpose (tests and benchmarks of the commit's cost).
         """
         with library_errors(f"committing {self.storage.url}"):
-            return run_blocking(commit_session(self))
+            return run_blocking(commit_session(self, check_objects=check_objects))
 
     def _appended(self, committed: Manifest | None) -> Manifest | None:
         """The version this append extends, checked to be the one committed now."""
@@ -151,12 +156,19 @@ class WriteSession:
         return committed
 
     def abort(self) -> None:
-        """Delete everything written under this session's commit id."""
+        """Delete everything written under this session's commit id.
+
+        Unless the dataset reads it: a commit that failed after its root was published
+        (a read-back that timed out) is the dataset now, and so is a version an append
+        inherits from. Then, or when the root cannot be read to tell, nothing is deleted.
+        """
 
         async def delete() -> None:
             store = self.storage._new_write_store()
             try:
-                await store.delete_prefix(self.prefix)
+                live = await live_commits(store)
+                if live is not None and self.commit_id not in live:
+                    await store.delete_prefix(self.prefix)
             finally:
                 await store.aclose()
 
@@ -313,11 +325,13 @@ class DatasetWriter:
             self._uploader.flush()
             if self._spilled:  # every piece has been read back into its block by now
                 self._uploader.delete_prefix(self.spill_prefix)
+            kill_point("data-written")
             self._uploader.put(
                 f"{self.session.prefix}/parts/{self.part_id}.json",
                 part_document(self.part_id, shards, schema),
             )
             self._uploader.flush()
+            kill_point("part-written")
         except BaseException:
             self._uploader.drop()
             raise
