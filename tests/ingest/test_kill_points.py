@@ -252,3 +252,31 @@ def test_a_convert_killed_at_each_step_loses_nothing_committed(
         follow_up(scene, name, before)
         scratch = Location(location.child(f"scratch{number}"), location.storage_options)
         check_live_versions(copy, scene.versions, scratch)
+
+
+def test_gc_keeps_a_killed_write_while_its_lease_holds_and_a_resume_never_commits_a_hole(
+    tmp_path: Path,
+) -> None:
+    location = Location(str(tmp_path / "ds"), {})
+    scene = make_scene(location, tmp_path)
+    kill_convert(scene, "part-written")
+    session = json.loads(read_key(location, "in_progress/session.json"))
+    prefix = f"data/{session['commit_id']}"
+    code, said = run_cli(["gc", location.url, "--yes", "--grace", "0", "--json"])
+    assert code == 0 and prefix in [o["prefix"] for o in json.loads(said)["young"]], said
+    # a block of the written split goes missing (a gc killed mid-way, a hand-made rm):
+    # the resumed commit refuses rather than publish a version with a hole
+    block = sorted((tmp_path / "ds" / prefix / "shards").rglob("c/0"))[0]
+    block.unlink()
+    code, said = scene.convert("C", "--overwrite", "--resume")
+    assert code == 2 and "the store does not hold" in said and "--resume" in said, said
+    check_live_versions(location, scene.versions, Location(str(tmp_path / "scratch"), {}))
+    # the lease ends (no heartbeat for long): gc collects the write, a resume redoes it
+    session["heartbeat"] -= 10 * session["lease_seconds"]
+    put_key(location, "in_progress/session.json", json.dumps(session).encode())
+    code, said = run_cli(["gc", location.url, "--yes", "--grace", "0", "--json"])
+    assert code == 0 and prefix in [o["prefix"] for o in json.loads(said)["orphans"]], said
+    code, said = scene.convert("C", "--overwrite", "--resume")
+    assert code == 0, said
+    scene.versions.record(location, tokens(scene.texts["C"]))
+    check_live_versions(location, scene.versions, Location(str(tmp_path / "scratch2"), {}))
