@@ -39,6 +39,10 @@ def register(commands: Any) -> None:
     parser.add_argument("--max-len", type=int, help="longest record, in tokens")
     parser.add_argument("--too-long", choices=TOO_LONG, default="error",
                         help="what to do with longer documents (default: error)")  # fmt: skip
+    parser.add_argument("--max-row-bytes", type=int, metavar="BYTES",
+                        help="longest input row; a longer one is a bad row (default: 64 "
+                        "bytes per --max-len token, at least 1 MiB; 256 MiB without "
+                        "--max-len)")  # fmt: skip
     parser.add_argument("--skip-bad", action="store_true", help="skip bad rows, listing them")
     parser.add_argument("--rejects", help="where to list skipped rows (default URL/rejects.jsonl)")
     parser.add_argument("--eos-token", help="end-of-text token (default: the tokenizer's)")
@@ -82,6 +86,7 @@ def run(arguments: argparse.Namespace) -> int:
             fields=fields,
             max_len=arguments.max_len,
             too_long=arguments.too_long,
+            max_row_bytes=arguments.max_row_bytes,
             skip_bad=arguments.skip_bad,
             rejects=arguments.rejects,
             eos_token=arguments.eos_token,
