@@ -65,7 +65,7 @@ def run_cli(arguments: list[str]) -> tuple[int, str]:
     return code, out.getvalue() + err.getvalue()
 
 
-async def _copy(source: Location, target: Location) -> None:
+async def _copy(source: Location, target: Location, prefixes: tuple[str, ...] = ("",)) -> None:
     src, dst = (
         open_store(source.url, source.storage_options),
         open_store(target.url, target.storage_options),
@@ -77,14 +77,16 @@ async def _copy(source: Location, target: Location) -> None:
             await dst.put(key, await src.get(key))
 
     try:
-        await asyncio.gather(*(one(key) for key in await src.list("")))
+        keys = await src.list("")
+        await asyncio.gather(*(one(key) for key in keys if key.startswith(prefixes)))
     finally:
         await src.aclose()
         await dst.aclose()
 
 
-def copy_store(source: Location, target: Location) -> None:
-    asyncio.run(_copy(source, target))
+def copy_store(source: Location, target: Location, prefixes: tuple[str, ...] = ("",)) -> None:
+    """Copy the objects of ``source`` (those under ``prefixes``) to ``target``."""
+    asyncio.run(_copy(source, target, prefixes))
 
 
 def read_key(location: Location, key: str) -> bytes:
@@ -134,7 +136,9 @@ def committed(location: Location) -> dict[str, Any]:
     return json.loads(read_key(location, "zarr.json"))["attributes"]["rangestream"]
 
 
-def check_live_versions(location: Location, versions: Versions, scratch: Location) -> None:
+def check_live_versions(
+    location: Location, versions: Versions, scratch: Location, verify: bool = True
+) -> None:
     """Every version the root names as live reads back exactly, and verify finds nothing."""
     root = committed(location)
     current = root["commit_id"]
@@ -143,11 +147,14 @@ def check_live_versions(location: Location, versions: Versions, scratch: Locatio
     previous = root.get("extra", {}).get("previous_commit_id")
     if previous in versions.roots:
         # a reader that opened the replaced version before the commit still reads it all
-        copy_store(location, scratch)
+        old = json.loads(versions.roots[previous])["attributes"]["rangestream"]
+        needed = (previous, *old.get("inherited", {}))
+        copy_store(location, scratch, tuple(f"data/{c}/" for c in needed))
         put_key(scratch, "zarr.json", versions.roots[previous])
         assert stored_tokens(scratch) == versions.tokens[previous]
-    code, said = run_cli(["verify", location.url, *store_flags(location)])
-    assert code == 0, said
+    if verify:
+        code, said = run_cli(["verify", location.url, *store_flags(location)])
+        assert code == 0, said
 
 
 @dataclass
@@ -246,12 +253,14 @@ def test_a_convert_killed_at_each_step_loses_nothing_committed(
     )
     killed = scene.location
     for number, name in enumerate(FOLLOW_UPS):
-        copy = Location(location.child(f"after-{name}"), location.storage_options)
-        copy_store(killed, copy)
+        copy = killed  # the follow-ups that change nothing run on the killed state itself
+        if name not in ("verify", "rerun"):
+            copy = Location(location.child(f"after-{name}"), location.storage_options)
+            copy_store(killed, copy)
         scene.location = copy
         follow_up(scene, name, before)
         scratch = Location(location.child(f"scratch{number}"), location.storage_options)
-        check_live_versions(copy, scene.versions, scratch)
+        check_live_versions(copy, scene.versions, scratch, verify=name != "verify")
 
 
 def test_gc_keeps_a_killed_write_while_its_lease_holds_and_a_resume_never_commits_a_hole(
