@@ -29,13 +29,15 @@ def run(arguments: argparse.Namespace) -> int:
     from rangestream.storage.summary import summarize_dataset
 
     url, options = dataset_url(arguments), storage_options(arguments)
-    writing = in_progress(url, options)
     try:
         summary = summarize_dataset(url, options, retry=retry_policy(arguments))
     except DatasetNotFoundError:
+        writing = in_progress(url, options)
         if writing is None:
             raise
         summary = None  # a first write, not committed yet: show what it has done
+    else:
+        writing = in_progress(url, options)
     if arguments.json:
         document = summary.to_json() if summary is not None else {"dataset": url}
         print(json.dumps({**document, "in_progress": writing}, indent=2))
@@ -55,6 +57,7 @@ def in_progress(url: str, options: dict[str, Any]) -> dict[str, Any] | None:
     from rangestream.io.process import run_blocking
     from rangestream.io.store import open_store
     from rangestream.storage.live_versions import read_lease
+    from rangestream.storage.store_errors import library_errors
 
     async def read() -> dict[str, Any] | None:
         store = open_store(url, options)
@@ -75,7 +78,8 @@ def in_progress(url: str, options: dict[str, Any]) -> dict[str, Any] | None:
             "running": lease.until > now,
         }
 
-    return run_blocking(read())
+    with library_errors(f"reading {url}/in_progress/session.json"):
+        return run_blocking(read())
 
 
 def in_progress_line(writing: dict[str, Any]) -> str:

@@ -154,8 +154,12 @@ class FileSource(Source):
 
     def _open(self) -> IO[bytes]:
         import fsspec
+        from fsspec.spec import AbstractBufferedFile
 
         handle: IO[bytes] = fsspec.open(self.url, "rb", **self.storage_options).open()
+        if isinstance(handle, AbstractBufferedFile):
+            # its readline takes no size, and a row's bytes are bounded by reading it so
+            return io.BufferedReader(handle, 1 << 20)  # type: ignore[arg-type]
         return handle
 
     def _decompressed(self) -> IO[bytes]:
