@@ -70,7 +70,7 @@ def series(
             if stats_url is not None:
                 _post(stats_url.replace("/stats", "/reset"))
             began, began_cpu = time.perf_counter(), time.process_time()
-            session.commit()
+            session.commit(check_objects=False)  # claimed shards: no objects
             times.append(time.perf_counter() - began)
             cpu.append(time.process_time() - began_cpu)
             if stats_url is not None:

@@ -113,3 +113,36 @@ def test_an_overwrite_and_an_orphan_are_shown(
     ]  # fmt: skip
     assert main(["inspect", url]) == 0
     assert f"orphans   1 version(s) no reader uses, {size:,} bytes" in capsys.readouterr().out
+
+
+def test_inspect_shows_a_write_in_progress_its_start_and_splits_done(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from rangestream.storage.core.kill_points import ENVIRONMENT
+
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(f'{{"text": "row {i} {"x" * 200}"}}\n' for i in range(40)))
+    child = subprocess.run(
+        [sys.executable, "-c", "from rangestream.cli.main import main; raise SystemExit(main())",
+         "convert", str(source), "--to", str(tmp_path / "out"), "--preset", "seq", "--tokenizer",
+         "bytes", "--workers", "0", "--no-progress", "--split-bytes", "2000"],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, ENVIRONMENT: "part-written"},
+    )  # fmt: skip
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    shown = subprocess.run(
+        [sys.executable, "-m", "rangestream.cli.main", "inspect", str(tmp_path / "out"), "--json"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    writing = json.loads(shown.stdout)["in_progress"]
+    assert (writing["splits_done"], writing["splits"], writing["running"]) == (1, 5, True)
+    assert writing["started"].endswith("Z")
+    text = subprocess.run(
+        [sys.executable, "-m", "rangestream.cli.main", "inspect", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert "1 of 5 splits written" in text.stdout and "no commit yet" in text.stdout

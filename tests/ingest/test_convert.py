@@ -453,7 +453,13 @@ def test_resume_after_a_failure_reuses_the_splits_already_written(
     assert any("resume" in note for note in caught.value.__notes__)
     summary = rangestream.convert(path, tmp_path / "out", resume=True, skip_bad=True, **kwargs)
     assert summary.splits_skipped > 0
-    assert summary.splits_skipped + len(summary.results) == summary.splits
+    # the summary counts the whole dataset, and says what this run added
+    assert summary.added is not None
+    assert summary.splits_skipped + summary.added.split == summary.splits
+    assert len(summary.results) == summary.splits
+    assert (summary.rows, summary.records) == (60, 59)
+    assert 0 < summary.added.rows < 60
+    assert "this run" in str(summary)
     good = [r["text"] for i, r in enumerate(rows) if i != 45]
     assert (
         stream_of(summary.storage)["sequence"].tolist()

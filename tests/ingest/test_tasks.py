@@ -122,6 +122,7 @@ def test_an_interrupted_write_on_a_dask_cluster_resumes_there_skipping_written_s
     )
     # split 0 or 1 ended before split 2 began (two workers), so at least one is reused
     assert resumed.splits == 6 and 1 <= resumed.splits_skipped < 6
-    assert resumed.splits_skipped + len(resumed.results) == 6
+    assert resumed.added is not None and resumed.splits_skipped + resumed.added.split == 6
+    assert len(resumed.results) == 6 and resumed.rows == 30  # the whole dataset
     rangestream.write(record, range(30), tmp_path / "clean", workers=0, **kwargs)
     assert stored_objects(tmp_path / "ds") == stored_objects(tmp_path / "clean")

@@ -161,7 +161,8 @@ def test_a_failed_write_resumes_from_the_splits_already_written(tmp_path: Path) 
     kwargs["storage_format"] = same_format  # an equal format object, as a new process has
     summary = rangestream.write(fail_at, range(12), tmp_path / "ds", resume=True, **kwargs)
     assert (summary.splits_skipped, summary.splits) == (2, 4)  # inputs 0-5 were kept
-    assert summary.records == 6  # only the splits run this time are counted
+    assert summary.records == 12  # the whole dataset, and what this run added:
+    assert summary.added is not None and (summary.added.records, summary.added.split) == (6, 2)
     want = np.concatenate([tokens_of(i)["tokens"] for i in range(12)])
     with StreamStorage(tmp_path / "ds", TOKENS).sync_reader() as reader:
         assert reader.read(0, reader.total_length)["tokens"].tolist() == want.tolist()

@@ -10,6 +10,7 @@ from rangestream.cli.options import add_store_arguments, retry_policy, storage_o
 
 
 def register(commands: Any) -> None:
+    from rangestream.ingest.inputs import DEFAULT_SPLIT_BYTES
     from rangestream.ingest.preset import TOO_LONG, Fields
     from rangestream.ingest.presets import PRESETS
 
@@ -38,11 +39,18 @@ def register(commands: Any) -> None:
     parser.add_argument("--max-len", type=int, help="longest record, in tokens")
     parser.add_argument("--too-long", choices=TOO_LONG, default="error",
                         help="what to do with longer documents (default: error)")  # fmt: skip
+    parser.add_argument("--max-row-bytes", type=int, metavar="BYTES",
+                        help="longest input row; a longer one is a bad row (default: 64 "
+                        "bytes per --max-len token, at least 1 MiB; 256 MiB without "
+                        "--max-len)")  # fmt: skip
     parser.add_argument("--skip-bad", action="store_true", help="skip bad rows, listing them")
     parser.add_argument("--rejects", help="where to list skipped rows (default URL/rejects.jsonl)")
     parser.add_argument("--eos-token", help="end-of-text token (default: the tokenizer's)")
     parser.add_argument("--chat-template", help="file holding a Jinja chat template")
     parser.add_argument("--input-format", choices=["jsonl", "parquet", "text"])
+    parser.add_argument("--split-bytes", type=int, default=DEFAULT_SPLIT_BYTES, metavar="BYTES",
+                        help="bytes of plain JSONL per split (one task, one shard; "
+                        "default: %(default)s)")  # fmt: skip
     parser.add_argument("--resume", action="store_true", help="continue an interrupted conversion")
     parser.add_argument("--overwrite", action="store_true", help="replace a dataset at URL")
     parser.add_argument(
@@ -78,12 +86,14 @@ def run(arguments: argparse.Namespace) -> int:
             fields=fields,
             max_len=arguments.max_len,
             too_long=arguments.too_long,
+            max_row_bytes=arguments.max_row_bytes,
             skip_bad=arguments.skip_bad,
             rejects=arguments.rejects,
             eos_token=arguments.eos_token,
             chat_template=arguments.chat_template,
             storage_options=storage_options(arguments),
             input_format=arguments.input_format,
+            split_bytes=arguments.split_bytes,
             overwrite=arguments.overwrite,
             mode="append" if arguments.append else None,
             resume=arguments.resume,

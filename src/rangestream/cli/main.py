@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Sequence
 
@@ -41,7 +42,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = parser.parse_args(argv)
     try:
         return int(arguments.run(arguments) or 0)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupted:
+        # what was interrupted says how far it got and how to go on (its notes)
+        notes = " ".join(getattr(interrupted, "__notes__", ()))
+        _fail(arguments.command, f"interrupted. {notes}".strip())
         return 130
     except RangestreamError as error:
         _fail(arguments.command, str(error))
@@ -52,8 +56,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     return EXIT_FAILED
 
 
+#: ``overwrite=True (--overwrite)`` in a library message: the command shows the flag only.
+_ARGUMENT_AND_FLAG = re.compile(r"\b[a-z_]+=(?:True|'[a-z]+')\s+\((--[a-z-]+)\)")
+
+
 def _fail(command: str, message: str) -> None:
     line = " ".join(message.split())  # one line, whatever the message holds
+    line = _ARGUMENT_AND_FLAG.sub(r"\1", line)
     print(f"rangestream {command}: {line}", file=sys.stderr)
 
 

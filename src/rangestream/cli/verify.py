@@ -8,6 +8,7 @@ a progress bar on stderr and a report on stdout.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import Any
 
@@ -31,6 +32,7 @@ def register(commands: Any) -> None:
     parser.add_argument(
         "--concurrency", type=int, default=8, help="blocks fetched at once (bounds memory)"
     )
+    parser.add_argument("--json", action="store_true", help="print a JSON object for scripts")
     parser.set_defaults(run=run)
 
 
@@ -63,6 +65,24 @@ def run(arguments: argparse.Namespace) -> int:
     finally:
         for bar in bars:
             bar.close()
-    for line in report.lines():
-        print(line)
+    if arguments.json:
+        print(json.dumps(report_json(report), indent=2))
+    else:
+        for line in report.lines():
+            print(line)
     return 0 if report.ok else EXIT_DAMAGED
+
+
+def report_json(report: Any) -> dict[str, Any]:
+    """A ``VerifyReport`` as ``verify --json`` prints it (the same facts as its lines)."""
+    return {
+        "dataset": report.url,
+        "kind": report.kind,
+        "commit": report.commit_id,
+        "ok": report.ok,
+        "checked": {"shards": report.shards, "arrays": report.arrays, "blocks": report.blocks,
+                    "chunks": report.chunks, "bytes": report.bytes},
+        "problems": [{"where": p.where, "message": p.message} for p in report.problems],
+        "orphans": [{"prefix": o.prefix, "objects": o.objects, "bytes": o.bytes}
+                    for o in report.orphans],
+    }  # fmt: skip

@@ -56,14 +56,18 @@ class ChatTemplate:
         Extra template variables, e.g. ``{"bos_token": "<s>", "eos_token": "</s>"}``.
     """
 
-    def __init__(self, source: str, variables: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self, source: str, variables: Mapping[str, Any] | None = None, origin: str | None = None
+    ) -> None:
         if not isinstance(source, str) or not source.strip():
             raise ValueError("a chat template is a non-empty Jinja string")
         self.source = source
         self.variables = dict(variables or {})
+        #: The file the template came from, named by its errors.
+        self.origin = origin
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.source, self.variables))
+        return (type(self), (self.source, self.variables, self.origin))
 
     def render(
         self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = False
@@ -79,8 +83,10 @@ class ChatTemplate:
                     **self.variables,
                 )
             )
-        except TemplateError as error:
-            raise BadInputError(f"the chat template failed: {error}") from error
+        except (TemplateError, Exception) as error:  # a template may raise anything
+            named = f"the chat template {self.origin}" if self.origin else "the chat template"
+            detail = str(error) if isinstance(error, TemplateError) else repr(error)
+            raise BadInputError(f"{named} failed: {detail}") from error
 
     def assistant_spans(
         self, messages: Sequence[Mapping[str, Any]]

@@ -17,6 +17,7 @@ from dataclasses import fields as dataclass_fields
 from typing import Any
 
 from rangestream.ingest.inputs import (
+    DEFAULT_MAX_ROW_BYTES,
     DEFAULT_SPLIT_BYTES,
     DEFAULT_SPLIT_ROWS,
     Row,
@@ -78,6 +79,20 @@ class _ConvertJob(Job):
         )
 
 
+#: Bytes of input allowed per token of ``max_len`` (UTF-8 text runs 3-5 bytes per token;
+#: JSON escapes and several fields per row take more), and the least bound whatever
+#: ``max_len`` says.
+ROW_BYTES_PER_TOKEN = 64
+MIN_ROW_BYTES = 1 << 20
+
+
+def row_bytes_for(max_len: int | None) -> int:
+    """The default bound on one input row's bytes, following ``max_len``."""
+    if max_len is None:
+        return DEFAULT_MAX_ROW_BYTES
+    return max(MIN_ROW_BYTES, ROW_BYTES_PER_TOKEN * max_len)
+
+
 def _fields(value: Fields | Mapping[str, str] | None) -> Fields:
     if value is None:
         return Fields()
@@ -101,6 +116,7 @@ def convert(
     fields: Fields | Mapping[str, str] | None = None,
     max_len: int | None = None,
     too_long: str = "error",
+    max_row_bytes: int | None = None,
     skip_bad: bool = False,
     rejects: str | None = None,
     eos_token: str | None = None,
@@ -142,6 +158,11 @@ def convert(
         Input field names, e.g. ``{"text": "content"}`` (see ``Fields``).
     max_len, too_long
         Records over ``max_len`` tokens are an ``"error"``, ``"truncate"``d or ``"split"``.
+    max_row_bytes
+        A JSONL row longer than this is a bad row, refused before it is parsed or
+        tokenized, so one huge line cannot exhaust a worker's memory. Default:
+        ``row_bytes_for(max_len)`` (64 bytes per token, at least 1 MiB), 256 MiB
+        without ``max_len``.
     skip_bad
         Count bad rows and list them in ``rejects`` instead of failing.
     rejects
@@ -181,6 +202,11 @@ def convert(
         else dict(input_storage_options)
     )
     sources = open_inputs(inputs, in_options, input_format)
+    bound = row_bytes_for(max_len) if max_row_bytes is None else max_row_bytes
+    if isinstance(bound, bool) or not isinstance(bound, int) or bound < 1:
+        raise ValueError(f"max_row_bytes must be a positive integer, got {bound!r}")
+    for source in sources:
+        source.max_row_bytes = bound
     splits = [
         split
         for number, source in enumerate(sources)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from rangestream.errors import BadInputError
+from rangestream.ingest.compressed import ZstdFrames
 
 __all__ = [
     "DEFAULT_SPLIT_BYTES",
@@ -49,6 +50,10 @@ _JSONL = (".jsonl", ".ndjson", ".json")
 _TEXT = (".txt", ".text", ".md")
 _PARQUET = (".parquet", ".pq")
 _COMPRESSION = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
+_BOM = b"\xef\xbb\xbf"
+#: Bytes of one input row beyond which it is a row error, unread by any parser or
+#: tokenizer (``convert`` derives a bound from ``max_len`` when it is given).
+DEFAULT_MAX_ROW_BYTES = 256 * 1024 * 1024
 
 
 class _LineInSplit:
@@ -86,6 +91,9 @@ class Split:
 
 class Source(abc.ABC):
     """Where rows come from. Picklable: sources travel to worker processes."""
+
+    #: Rows longer than this are row errors (``convert`` sets it on every source).
+    max_row_bytes: int = DEFAULT_MAX_ROW_BYTES
 
     @abc.abstractmethod
     def splits(self, number: int, split_bytes: int, split_rows: int) -> list[Split]:
@@ -146,20 +154,40 @@ class FileSource(Source):
 
     def _open(self) -> IO[bytes]:
         import fsspec
+        from fsspec.spec import AbstractBufferedFile
 
         handle: IO[bytes] = fsspec.open(self.url, "rb", **self.storage_options).open()
+        if isinstance(handle, AbstractBufferedFile):
+            # its readline takes no size, and a row's bytes are bounded by reading it so
+            return io.BufferedReader(handle, 1 << 20)  # type: ignore[arg-type]
         return handle
 
     def _decompressed(self) -> IO[bytes]:
         raw = self._open()
+        if self.compression is not None and not raw.read(1):
+            raw.close()
+            raise BadInputError(
+                f"{self.url} is empty: a {self.compression} file holds at least a header"
+            )
+        if self.compression is not None:
+            raw.seek(0)
         if self.compression == "gzip":
             return gzip.GzipFile(fileobj=raw)  # type: ignore[return-value]
         if self.compression == "zstd":
-            import zstandard
-
-            reader = zstandard.ZstdDecompressor().stream_reader(raw, closefd=True)
-            return io.BufferedReader(reader)  # type: ignore[arg-type]
+            return io.BufferedReader(ZstdFrames(raw, self.url))
         return raw
+
+    def _read_failed(self, error: BaseException, lines: int) -> BadInputError:
+        """A decompression that failed (a cut or damaged file): the file, the rows read."""
+        what = (
+            "ends before its end-of-stream marker (the file is cut)"
+            if isinstance(error, EOFError)
+            else f"cannot be decompressed ({type(error).__name__}: {error})"
+        )
+        return BadInputError(
+            f"{self.url} {what}; {lines} lines were read before it, and the conversion "
+            "stops rather than write part of the file"
+        )
 
     def fingerprint(self) -> dict[str, Any]:
         return {
@@ -171,10 +199,18 @@ class FileSource(Source):
 
     def splits(self, number: int, split_bytes: int, split_rows: int) -> list[Split]:
         if self.format == "parquet":
+            import pyarrow as pa
             import pyarrow.parquet as pq
 
-            with self._open() as handle:
-                metadata = pq.ParquetFile(handle).metadata
+            try:
+                with self._open() as handle:
+                    metadata = pq.ParquetFile(handle).metadata
+            except (pa.ArrowException, OSError) as error:
+                if isinstance(error, BadInputError):
+                    raise
+                raise BadInputError(
+                    f"{self.url}: not a readable Parquet file ({type(error).__name__}: {error})"
+                ) from error
             groups = metadata.num_row_groups
             return [
                 Split(number, group, group + 1, f"{self.url} row group {group}")
@@ -198,6 +234,7 @@ class FileSource(Source):
 
     # JSONL: a line belongs to the split in which it starts.
     def _jsonl_rows(self, split: Split) -> Iterator[Row]:
+        bound = self.max_row_bytes
         with self._decompressed() as handle:
             position = split.start
             if self.compression is None and split.start > 0:
@@ -207,14 +244,29 @@ class FileSource(Source):
             number = 0
             limit = split.stop if self.compression is None else None
             while limit is None or position < limit:
-                line = handle.readline()
+                try:
+                    line = handle.readline(bound + 1)
+                    length = len(line)
+                    if length > bound and not line.endswith(b"\n"):
+                        length += _skip_line(handle)  # never held whole
+                except Exception as error:  # a decompressor's own errors, of many classes
+                    if self.compression is None or isinstance(error, BadInputError):
+                        raise
+                    raise self._read_failed(error, number) from error
                 if not line:
                     break
-                position += len(line)
+                if position == 0 and line.startswith(_BOM):
+                    line = line[len(_BOM) :]  # a UTF-8 byte order mark starts the file
+                position += length
                 number += 1
                 if not line.strip():
                     continue
                 where = f"{self.url}:{number}" if first == 0 else _LineInSplit(self, first, number)
+                if length > bound:
+                    shown = line[:RAW_SHOWN].decode("utf-8", "replace")
+                    yield Row(where, error=f"the row is {length:,} bytes, over the bound of "
+                              f"{bound:,} (max_row_bytes, --max-row-bytes)", raw=shown)  # fmt: skip
+                    continue
                 yield _parse_json_line(line, where)
 
     def _line_of(self, offset: int) -> int:
@@ -235,7 +287,13 @@ class FileSource(Source):
 
     def _text_rows(self, field: str) -> Iterator[Row]:
         with self._decompressed() as handle:
-            data = handle.read()
+            try:
+                data = handle.read()
+            except Exception as error:  # a decompressor's own errors, of many classes
+                if self.compression is None or isinstance(error, BadInputError):
+                    raise
+                raise self._read_failed(error, 0) from error
+        data = data.removeprefix(_BOM)
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as error:
@@ -249,6 +307,18 @@ class FileSource(Source):
         yield Row(f"{self.url}:1", {field: text}, raw=text[:RAW_SHOWN])
 
     def _parquet_rows(self, split: Split, columns: Sequence[str]) -> Iterator[Row]:
+        import pyarrow as pa
+
+        try:
+            yield from self._parquet_batches(split, columns)
+        except (pa.ArrowException, OSError) as error:
+            if isinstance(error, BadInputError):
+                raise
+            raise BadInputError(
+                f"{self.url}: not a readable Parquet file ({type(error).__name__}: {error})"
+            ) from error
+
+    def _parquet_batches(self, split: Split, columns: Sequence[str]) -> Iterator[Row]:
         import pyarrow.parquet as pq
 
         with self._open() as handle:
@@ -275,6 +345,14 @@ def _parse_json_line(line: bytes, where: str | _LineInSplit) -> Row:
         value = json.loads(text)
     except ValueError as error:
         return Row(where, error=f"malformed JSON: {error}", raw=text[:RAW_SHOWN])
+    except RecursionError:
+        return Row(where, error="JSON nested too deeply to parse", raw=text[:RAW_SHOWN])
+    if "\\u" in text and _has_lone_surrogate(value):
+        return Row(
+            where,
+            error="a string holds a lone surrogate escape (such as \\ud800), which is not text",
+            raw=text[:RAW_SHOWN],
+        )
     if not isinstance(value, dict):
         return Row(
             where,
@@ -282,6 +360,35 @@ def _parse_json_line(line: bytes, where: str | _LineInSplit) -> Row:
             raw=text[:RAW_SHOWN],
         )
     return Row(where, value, raw=text[:RAW_SHOWN])
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    """Whether a parsed JSON value holds a string that is not valid Unicode text (JSON
+    lets ``\\ud800`` through; a tokenizer fails on it far from the row)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
+def _skip_line(handle: IO[bytes]) -> int:
+    """Read past the rest of a line too long to keep; the bytes skipped."""
+    skipped = 0
+    while True:
+        chunk = handle.readline(1 << 20)
+        skipped += len(chunk)
+        if not chunk or chunk.endswith(b"\n"):
+            return skipped
 
 
 # -- Hugging Face datasets ------------------------------------------------------------------

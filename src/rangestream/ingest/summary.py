@@ -47,6 +47,15 @@ class Summary:
     nbytes: int = 0
     seconds: float = 0.0
     results: list[SplitResult] = field(default_factory=list, repr=False)
+    #: What this run wrote, when it resumed an earlier one (the rest counts the dataset).
+    added: SplitResult | None = None
+
+    def copy_counts(self) -> SplitResult:
+        """The counts so far, as one ``SplitResult`` (``split`` is the splits counted)."""
+        return SplitResult(
+            len(self.results), self.rows, self.records, self.tokens, self.loss_tokens,
+            self.rejected, sum(r.nbytes for r in self.results),
+        )  # fmt: skip
 
     @property
     def loss_fraction(self) -> float:
@@ -81,6 +90,11 @@ class Summary:
             f" ({self.splits_skipped} already written, resumed)" if self.splits_skipped else ""
         )
         lines.append(f"shards    {self.shards:,} from {self.splits:,} input splits{skipped}")
+        if self.splits_skipped and self.added is not None:
+            lines.append(
+                f"this run  {self.added.records:,} records from {self.added.rows:,} input rows "
+                f"in {self.added.split:,} splits"
+            )
         lines.append(f"bytes     {self.nbytes / 1e6:,.1f} MB of data")
         lines.append(f"time      {self.seconds:,.1f} s")
         return "\n".join(lines)

@@ -16,15 +16,18 @@ import contextlib
 import json
 import multiprocessing
 import os
+import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, wait
+from dataclasses import asdict
 from typing import Any
 
 from rangestream.errors import BadInputError
 from rangestream.ingest.inputs import RAW_SHOWN
 from rangestream.ingest.preset import Outcome
-from rangestream.ingest.session import part_id, rejects_key
+from rangestream.ingest.session import counts_key, part_id, rejects_key
 from rangestream.ingest.summary import Progress, SplitResult
 from rangestream.io.process import run_blocking
 from rangestream.storage.core.writing import WriteSession
@@ -101,7 +104,10 @@ def run_split(job: Job, session: WriteSession, split: int, run: str = "") -> Spl
             result.rows += outcome.rows
             if outcome.error is not None:
                 if not job.skip_bad:
-                    raise BadInputError(outcome.error)
+                    raise BadInputError(
+                        f"{outcome.error} (skip_bad=True (--skip-bad) skips bad rows and "
+                        "lists them in a rejects file)"
+                    )
                 rejects.append(_reject_line(outcome))
                 result.rejected += 1
                 continue
@@ -119,6 +125,8 @@ def run_split(job: Job, session: WriteSession, split: int, run: str = "") -> Spl
                 reported = _report(result, reported)
         if rejects:
             _put(session, rejects_key(session, split), b"".join(rejects))
+        # before the part (the writer's close), so a written split always has its counts
+        _put(session, counts_key(session, split), json.dumps(asdict(result)).encode())
     if _counters is not None:
         _report(result, reported)
     return result
@@ -156,9 +164,45 @@ def _put(session: WriteSession, key: str, data: bytes) -> None:
     run_blocking(put())
 
 
-def _start_worker(counters: Any, stop: Any) -> None:
+def _start_worker(counters: Any, stop: Any, parent: int) -> None:
     global _counters, _stop
     _counters, _stop = counters, stop
+    die_with_parent(parent)
+
+
+#: ``prctl`` option: the signal the kernel sends this process when its parent exits.
+_PR_SET_PDEATHSIG = 1
+#: Seconds between two checks of the parent, where the OS has no parent-death signal.
+_PARENT_CHECK_SECONDS = 1.0
+
+
+def die_with_parent(parent: int) -> None:
+    """End this worker when the process that started it dies, even by SIGKILL.
+
+    Linux: the kernel's parent-death signal (``prctl(PR_SET_PDEATHSIG, SIGKILL)``), set
+    through ``ctypes``. Elsewhere: a daemon thread that exits the process once its parent
+    is gone (the parent id changes when a process is re-parented). Without either, a
+    killed conversion's workers would keep reading and writing for minutes.
+    """
+    import signal
+    import threading
+
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(Exception):
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0:
+                if os.getppid() != parent:  # the parent died before the signal was set
+                    os._exit(1)
+                return
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(_PARENT_CHECK_SECONDS)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="rangestream-parent-check", daemon=True).start()
 
 
 def run_splits(
@@ -195,9 +239,19 @@ def run_splits(
         max_workers=min(workers, max(1, len(splits))),
         mp_context=context,
         initializer=_start_worker,
-        initargs=(counters, stop),
+        initargs=(counters, stop, os.getpid()),
     ) as pool:
-        _run_on(pool, job, session, splits, progress, on_result, counters, stop)
+        try:
+            _run_on(pool, job, session, splits, progress, on_result, counters, stop)
+        except BaseException:
+            # Ctrl-C or a failure: the workers stop now, not after their split (a split
+            # may take minutes); what they had written stays uncommitted, for --resume
+            processes = dict(getattr(pool, "_processes", None) or {})
+            pool.shutdown(wait=False, cancel_futures=True)
+            for process in processes.values():
+                with contextlib.suppress(Exception):
+                    process.kill()
+            raise
 
 
 def _run_on(

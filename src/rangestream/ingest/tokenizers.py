@@ -228,10 +228,31 @@ def load_tokenizer(
         A Jinja chat template, or a path to a file holding one; overrides the directory's.
     """
     template_source: str | None = None
+    origin: str | None = None
     if chat_template is not None:
         text = os.fspath(chat_template)
         path = Path(text)
-        template_source = path.read_text() if "{" not in text and path.is_file() else text
+        if "{" not in text and path.is_file():
+            template_source, origin = path.read_text(), str(path)
+        else:
+            template_source = text
+    try:
+        loaded = _load(tokenizer, eos_token, template_source)
+    except BadInputError:
+        raise
+    except Exception as error:  # the tokenizers library raises plain Exception
+        if not isinstance(tokenizer, (str, os.PathLike)):
+            raise
+        raise BadInputError(
+            f"{os.fspath(tokenizer)}: not a readable tokenizer ({type(error).__name__}: {error})"
+        ) from error
+    if origin is not None and loaded.chat_template is not None:
+        loaded.chat_template.origin = origin
+    return loaded
+
+
+def _load(tokenizer: Any, eos_token: str | None, template_source: str | None) -> Tokenizer:
+    """``load_tokenizer`` once the template's text is known."""
     if isinstance(tokenizer, Tokenizer):
         if template_source is not None:
             tokenizer.chat_template = ChatTemplate(template_source)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import inspect
+import json
 import os
 import pickle
 import time
@@ -24,12 +25,21 @@ from rangestream.formats.described import format_schema
 from rangestream.formats.records import RecordFormat
 from rangestream.ingest.inputs import Row
 from rangestream.ingest.preset import Outcome
-from rangestream.ingest.session import begin, fingerprint_of, finish, rejects_key
-from rangestream.ingest.summary import Progress, Summary
+from rangestream.ingest.session import (
+    Heartbeat,
+    Resumable,
+    begin,
+    counts_key,
+    fingerprint_of,
+    finish,
+    rejects_key,
+)
+from rangestream.ingest.summary import Progress, SplitResult, Summary
 from rangestream.ingest.tasks import Job, default_workers, run_splits
 from rangestream.io.process import run_blocking
 from rangestream.layout.manifest import Manifest
 from rangestream.storage.core.base import Storage
+from rangestream.storage.core.kill_points import kill_point
 from rangestream.storage.core.writing import WriteSession
 from rangestream.storage.document.storage import DocumentStorage
 from rangestream.storage.stream.storage import StreamStorage
@@ -213,34 +223,56 @@ def run_job(
     )
     session = state.session
     summary = Summary(str(reader_storage.url), splits=split_count, splits_skipped=len(state.done))
+    if state.finished is not None:
+        # killed after its commit: the dataset is complete, only the session file was left
+        finish(writer_storage)
+        return _described(summary, reader_storage, state.finished, started, session, state)
     todo = [k for k in range(split_count) if k not in state.done]
     bar = Progress(split_count, enabled=progress, description=description, total_rows=total_rows)
     bar.splits_done = len(state.done)
-    try:
-        run_splits(
-            job,
-            session,
-            todo,
-            workers=workers,
-            executor=executor,
-            start_method=start_method,
-            progress=bar,
-            on_result=summary.add,
-        )
-    except BaseException as error:
+    with Heartbeat(writer_storage, session.commit_id):
+        try:
+            run_splits(
+                job,
+                session,
+                todo,
+                workers=workers,
+                executor=executor,
+                start_method=start_method,
+                progress=bar,
+                on_result=summary.add,
+            )
+        except BaseException as error:
+            bar.close()
+            error.add_note(
+                f"nothing was committed at {reader_storage.url}; {bar.splits_done} of "
+                f"{split_count} splits are written and kept: rerun with resume=True "
+                "(--resume) to reuse them"
+            )
+            raise
         bar.close()
-        error.add_note(
-            f"nothing was committed at {reader_storage.url}; the splits already written are "
-            "kept: rerun with resume=True (--resume) to reuse them"
-        )
-        raise
-    bar.close()
+        kill_point("splits-written")
+        if job.skip_bad:
+            summary.rejects_url = _gather_rejects(session, split_count, rejects)
+        manifest = session.commit()
+    kill_point("committed")
+    finish(writer_storage)
+    return _described(summary, reader_storage, manifest, started, session, state)
+
+
+def _described(
+    summary: Summary,
+    reader_storage: Storage,
+    manifest: Manifest,
+    started: float,
+    session: WriteSession,
+    state: Resumable,
+) -> Summary:
+    """``summary`` completed with the committed dataset: the splits of earlier runs are
+    counted too (``added`` keeps what this run did)."""
+    summary.added = summary.copy_counts()
     if state.done:
         _count_resumed(summary, session, state.done)
-    if job.skip_bad:
-        summary.rejects_url = _gather_rejects(session, split_count, rejects)
-    manifest = session.commit()
-    finish(writer_storage)
     summary.storage = reader_storage
     summary.shards = len(manifest.shard_ids)
     summary.nbytes = stored_nbytes(manifest)
@@ -249,21 +281,28 @@ def run_job(
 
 
 def _count_resumed(summary: Summary, session: WriteSession, done: frozenset[int]) -> None:
-    """Rows and records of splits written by an earlier run are not counted again; the
-    rejects they left are (they are in the store)."""
+    """Add the counts of the splits an earlier run wrote (each left them beside its part),
+    so that the summary of a resumed write describes the whole dataset."""
 
-    async def count() -> int:
+    async def count() -> list[SplitResult]:
         store = session.storage.new_write_store()
         try:
-            total = 0
+            results = []
             for split in sorted(done):
-                with contextlib.suppress(FileNotFoundError):
-                    total += (await store.get(rejects_key(session, split))).count(b"\n")
-            return total
+                result = SplitResult(split)
+                with contextlib.suppress(FileNotFoundError, ValueError, TypeError):
+                    result = SplitResult(**json.loads(await store.get(counts_key(session, split))))
+                if not result.rejected:  # counts of older runs: the rejects are stored
+                    with contextlib.suppress(FileNotFoundError):
+                        rejected = await store.get(rejects_key(session, split))
+                        result.rejected = rejected.count(b"\n")
+                results.append(result)
+            return results
         finally:
             await store.aclose()
 
-    summary.rejected += run_blocking(count())
+    for result in run_blocking(count()):
+        summary.add(result)
 
 
 def _gather_rejects(session: WriteSession, split_count: int, rejects: str | None) -> str:

@@ -309,8 +309,8 @@ class Storage(abc.ABC):
         exists, manifest = run_blocking(self._probe())
         if exists and mode == "create":
             raise DatasetExistsError(
-                f"{self.url} already holds a committed dataset; pass overwrite=True to "
-                "replace it, or mode='append' to add shards to it"
+                f"{self.url} already holds a committed dataset; pass overwrite=True "
+                "(--overwrite) to replace it, or mode='append' (--append) to add shards to it"
             )
         if not exists:
             return new_session(self, False)

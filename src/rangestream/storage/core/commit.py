@@ -16,13 +16,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from rangestream.errors import CommitConflictError, DatasetExistsError, MetadataError
+from rangestream.errors import CommitConflictError, CommitError, DatasetExistsError, MetadataError
 from rangestream.io.store import ObjectStore
 from rangestream.layout.block import ArrayLayout, encode_block
 from rangestream.layout.manifest import ROOT_KEY, Manifest, data_prefix
 from rangestream.layout.shard_table import SHARD_TABLE
 from rangestream.layout.zarr_json import array_document, dumps, group_document
 from rangestream.storage.core.appending import check_appendable, extended
+from rangestream.storage.core.kill_points import kill_point
+from rangestream.storage.core.live_versions import missing_objects
 from rangestream.storage.core.parts import gather_parts, read_part
 from rangestream.storage.core.root import completed, parse_bounded_root, publish_root, read_root
 from rangestream.storage.core.store_errors import library_errors
@@ -37,7 +39,12 @@ COMMIT_CONCURRENCY = 64
 
 
 async def commit_session(
-    storage: StorageKind, commit_id: str, overwrite: bool, appends_to: str | None
+    storage: StorageKind,
+    commit_id: str,
+    overwrite: bool,
+    appends_to: str | None,
+    *,
+    check_objects: bool = True,
 ) -> Manifest:
     """Publish what the closed writers of the session ``commit_id`` wrote
     (``WriteSession.commit``: ``overwrite`` and ``appends_to`` are the session's)."""
@@ -55,10 +62,14 @@ async def commit_session(
         if exists and not overwrite and base is None:
             raise DatasetExistsError(
                 f"{storage.url} already holds a committed dataset; "
-                "pass overwrite=True to replace it, or mode='append' to add shards"
+                "pass overwrite=True (--overwrite) to replace it, or mode='append' (--append) to "
+                "add shards"
             )
+        # one listing of the whole version: its parts, and the blocks checked below
+        listed = await store.list(prefix)
+        parts_prefix = f"{prefix}/parts/"
         part_keys = sorted(
-            key for key in await store.list(f"{prefix}/parts") if key.endswith(".json")
+            key for key in listed if key.startswith(parts_prefix) and key.endswith(".json")
         )
         raws = await _bounded([read_part(store, key) for key in part_keys])
         storage, parts = gather_parts(storage, part_keys, raws, store.describe)
@@ -80,6 +91,15 @@ async def commit_session(
         manifest = Manifest(
             storage.kind, commit_id, schema, layouts, ids, lengths, extra, inherited
         )
+        missing = await missing_objects(store, manifest, listed) if check_objects else []
+        if missing:
+            raise CommitError(
+                f"{storage.url}: version {commit_id} names {len(missing)} object(s) "
+                f"the store does not hold (the first: {store.describe(missing[0])}), so it "
+                "is not published; something deleted them after their writer wrote them "
+                "(a `rangestream gc` while the write was stopped?). Write the dataset "
+                "again (a conversion: rerun without --resume)"
+            )
         groups = (
             "data/zarr.json",
             f"{prefix}/zarr.json",
@@ -92,9 +112,11 @@ async def commit_session(
                 storage.write_derived_index(store, manifest),
             ]
         )
+        kill_point("index-written")
         with library_errors(f"writing {store.describe(ROOT_KEY)}"):
             root = dumps(manifest.root_document())
             await publish_root(store, root, version, commit_id)
+        kill_point("root-published")
         if previous is not None:
             # Readers may still be on the version just replaced; the one before it goes,
             # with the data it inherited, except what the two live versions still read.

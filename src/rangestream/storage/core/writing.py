@@ -29,7 +29,9 @@ from rangestream.layout.manifest import Manifest, data_prefix, shard_prefix
 from rangestream.layout.zarr_json import dumps, group_document
 from rangestream.storage.core.block_uploads import ArrayWriter, Uploader
 from rangestream.storage.core.commit import commit_session
+from rangestream.storage.core.kill_points import kill_point
 from rangestream.storage.core.kind import ShardEncoder
+from rangestream.storage.core.live_versions import live_commits
 from rangestream.storage.core.parts import part_document
 from rangestream.storage.core.store_errors import keep_failure, library_errors
 
@@ -111,24 +113,40 @@ class WriteSession:
         """
         return DatasetWriter(self, part_id=part_id, max_buffered_bytes=max_buffered_bytes)
 
-    def commit(self) -> Manifest:
+    def commit(self, *, check_objects: bool = True) -> Manifest:
         """Publish everything the session's closed writers wrote, atomically.
 
         Raises ``CommitConflictError`` if another write committed the dataset meanwhile
-        (this version is then not published), and library errors for every other failure.
+        (this version is then not published), ``CommitError`` if an object the version
+        names is missing (deleted since its writer wrote it), and library errors for every
+        other failure. ``check_objects=False`` skips that check, for parts that claim
+        shards without objects on purpose (tests and benchmarks of the commit's cost).
         """
         with library_errors(f"committing {self.storage.url}"):
             return run_blocking(
-                commit_session(self.storage, self.commit_id, self.overwrite, self.appends_to)
+                commit_session(
+                    self.storage,
+                    self.commit_id,
+                    self.overwrite,
+                    self.appends_to,
+                    check_objects=check_objects,
+                )
             )
 
     def abort(self) -> None:
-        """Delete everything written under this session's commit id."""
+        """Delete everything written under this session's commit id.
+
+        Unless the dataset reads it: a commit that failed after its root was published
+        (a read-back that timed out) is the dataset now, and so is a version an append
+        inherits from. Then, or when the root cannot be read to tell, nothing is deleted.
+        """
 
         async def delete() -> None:
             store = self.storage.new_write_store()
             try:
-                await store.delete_prefix(self.prefix)
+                live = await live_commits(store)
+                if live is not None and self.commit_id not in live:
+                    await store.delete_prefix(self.prefix)
             finally:
                 await store.aclose()
 
@@ -287,11 +305,13 @@ class DatasetWriter:
             self._uploader.flush()
             if self._spilled:  # every piece has been read back into its block by now
                 self._uploader.delete_prefix(self.spill_prefix)
+            kill_point("data-written")
             self._uploader.put(
                 f"{self.session.prefix}/parts/{self.part_id}.json",
                 part_document(self.part_id, shards, schema),
             )
             self._uploader.flush()
+            kill_point("part-written")
         except BaseException:
             self._uploader.drop()
             raise

@@ -10,8 +10,10 @@ race with another commit. Nothing else ever deletes them.
 
 A prefix whose newest object is younger than a grace period is never collected: it may
 belong to a write still running, or to a parallel write session whose commit is yet to
-come. So is a prefix whose age the store cannot tell. Before each deletion the root is
-read again, so a version that got committed meanwhile is kept.
+come. So is a prefix whose age the store cannot tell, and the prefix of the write that
+``in_progress/session.json`` names while its lease holds (its writer refreshes a heartbeat
+there; the grace period counts from the last one). Before each deletion the root and the
+session file are read again, so a version committed or resumed meanwhile is kept.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from rangestream.io.store import ObjectStore
 from rangestream.io.stores import open_store
 from rangestream.layout.manifest import MAX_ROOT_BYTES, ROOT_KEY, data_prefix
 from rangestream.layout.manifest_parsing import parse_root
+from rangestream.storage.core.live_versions import read_lease
 from rangestream.storage.core.store_errors import library_errors
 
 __all__ = [
@@ -207,6 +210,9 @@ async def find_orphans(
     """
     report = GarbageReport(url=str(url), grace=grace)
     report.committed, report.previous, kept = await _live_versions(store)
+    # a write in progress keeps its objects while its lease holds, and its grace period
+    # counts from its last heartbeat (a long write may not upload for a while)
+    lease = await read_lease(store)
     live = {data_prefix(c) for c in kept}
     for prefix in await store.list_prefixes("data"):
         if not _VERSION.match(prefix) or prefix in live:
@@ -215,6 +221,13 @@ async def find_orphans(
         if not objects:  # an empty "directory" some stores keep after deletions
             continue
         orphan = _orphan(prefix, objects)
+        if lease is not None and lease.prefix == prefix:
+            if lease.until > report.now:
+                report.young.append(orphan)
+                continue
+            if lease.heartbeat is not None and orphan.newest is not None:
+                orphan = Orphan(orphan.prefix, orphan.objects, orphan.bytes,
+                                max(orphan.newest, lease.heartbeat))  # fmt: skip
         age = orphan.age(report.now)
         if age is not None and age >= grace:
             report.orphans.append(orphan)
@@ -257,9 +270,13 @@ async def _live_versions(store: ObjectStore) -> tuple[str | None, str | None, se
 async def _delete(store: ObjectStore, report: GarbageReport) -> None:
     deleted = []
     for orphan in report.orphans:
-        # a commit may have published this version since the listing: ask the root again
+        # a commit may have published this version since the listing, or a resumed write
+        # taken it up again: ask the root and the session file again
         live = {data_prefix(c) for c in (await _live_versions(store))[2]}
-        if orphan.prefix in live:
+        lease = await read_lease(store)
+        if orphan.prefix in live or (
+            lease is not None and lease.prefix == orphan.prefix and lease.until > time.time()
+        ):
             continue
         await store.delete_prefix(orphan.prefix)
         deleted.append(orphan)
