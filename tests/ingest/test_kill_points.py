@@ -31,7 +31,7 @@ from support.s3 import Location
 
 from rangestream import StreamNumpyFormat, StreamStorage
 from rangestream.cli.main import main
-from rangestream.io.store import open_store
+from rangestream.io.stores import open_store
 from rangestream.storage.core.kill_points import ENVIRONMENT, POINTS
 
 SEQ = StreamNumpyFormat(np.dtype([("sequence", "<u2")]))

@@ -55,7 +55,7 @@ def in_progress(url: str, options: dict[str, Any]) -> dict[str, Any] | None:
     import time
 
     from rangestream.io.process import run_blocking
-    from rangestream.io.store import open_store
+    from rangestream.io.stores import open_store
     from rangestream.storage.core.live_versions import read_lease
     from rangestream.storage.core.store_errors import library_errors
 
