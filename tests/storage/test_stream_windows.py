@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from typing import Any
 
 import numpy as np
@@ -45,7 +46,8 @@ def test_a_run_of_windows_reads_what_each_window_reads_alone(
     if length > len(tokens):
         return
     first = int(fraction * (len(tokens) - (count - 1) * stride - length))
-    url = location.child(f"runs-{seed}-{shards}-{length}-{overlap}-{count}")
+    # examples may repeat these values (only ``fraction`` differs): one dataset each
+    url = location.child(f"runs-{seed}-{shards}-{length}-{overlap}-{count}-{uuid.uuid4().hex[:8]}")
     storage = StreamStorage(url, ShardTagFormat(), storage_options=location.storage_options,
                             **SMALL)  # fmt: skip
     write(storage, data, [s for s in range(shards) for _ in range(3)])
