@@ -193,6 +193,11 @@ class RangeReader:
             timeout=not store.supports_sync_reads,
         )
 
+    async def fetch_range(self, request: RangeRequest) -> bytes:
+        """The bytes of one range: ``fetch([request])[0]`` without coalescing or a per-call
+        bound (one request is within any), for the direct path of one-range windows."""
+        return await self._fetch_one(request, request.end - request.start)
+
     async def fetch(
         self, requests: Sequence[ByteRequest], *, max_concurrency: int | None = None
     ) -> list[bytes | memoryview]:

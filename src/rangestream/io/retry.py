@@ -236,9 +236,11 @@ async def retrying(
         try:
             if not timeout:
                 return await attempt(number)
-            return await asyncio.wait_for(
-                attempt(number), timeout=min(policy.request_timeout, remaining)
-            )
+            # A deadline on the running task, not ``asyncio.wait_for``: that wraps every
+            # attempt in a task of its own (and the cyclic garbage of one per request);
+            # ``asyncio.timeout`` is one timer handle that cancels this task when it fires.
+            async with asyncio.timeout(min(policy.request_timeout, remaining)):
+                return await attempt(number)
         except _PERMANENT:
             raise
         except Exception as error:

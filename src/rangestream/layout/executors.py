@@ -23,8 +23,6 @@ import asyncio
 from collections.abc import Callable, Generator, Sequence
 from typing import Any, TypeVar
 
-import numpy as np
-
 from rangestream.errors import ChecksumError, CorruptDataError
 from rangestream.io import mapped as mapped_files
 from rangestream.io.local import INLINE_READ_BYTES, LocalStore
@@ -42,7 +40,9 @@ from rangestream.layout.pieces import (
     Piece,
     RowRead,
     StoredArray,
+    direct_spans,
     indexed_spans,
+    output_rows,
     pieces,
     spans_many_blocks,
 )
@@ -63,15 +63,6 @@ _Rounds = Generator[list[ByteRequest], list[Any], list[Any]]
 #: heap "of 10**15 bytes"), the read then fails on one small request instead of first
 #: building a plan of a few hundred bytes per block it believes in.
 PROBE_BLOCKS = 64
-
-
-def _target(output: Output, at: int, rows: int, total: int) -> np.ndarray:
-    """The part of an output that rows ``[at, at + rows)`` of the read land in."""
-    target, _offset, nbytes = output
-    if at == 0 and rows == total:
-        return target
-    flat = target.reshape(-1).view(np.uint8)
-    return flat[at * nbytes : (at + rows) * nbytes]
 
 
 class RemoteExecutor:
@@ -117,6 +108,14 @@ class RemoteExecutor:
 
     # -- one step -----------------------------------------------------------------------
     async def execute(self, step: Step, *, max_concurrency: int | None = None) -> list[Any]:
+        direct = direct_spans(step)
+        if direct is not None:
+            requests = [request for _piece, request in direct]
+            if len(requests) > 1:
+                datas = await self.reader.fetch(requests, max_concurrency=max_concurrency)
+            else:  # one range: no coalescing, no per-call bound to set up
+                datas = [await self.reader.fetch_range(requests[0])]
+            return self._finish_direct(direct, datas)
         rounds = self._rounds(step)
         try:
             requests = next(rounds)
@@ -128,6 +127,10 @@ class RemoteExecutor:
             return stop.value  # type: ignore[no-any-return]
 
     def execute_sync(self, step: Step) -> list[Any]:
+        direct = direct_spans(step)
+        if direct is not None:
+            datas = self.reader.fetch_sync([request for _piece, request in direct])
+            return self._finish_direct(direct, datas)
         rounds = self._rounds(step)
         try:
             requests = next(rounds)
@@ -135,6 +138,13 @@ class RemoteExecutor:
                 requests = rounds.send(self.reader.fetch_sync(requests))
         except StopIteration as stop:
             return stop.value  # type: ignore[no-any-return]
+
+    def _finish_direct(self, direct: list[tuple[Piece, RangeRequest]], datas: Any) -> list[Any]:
+        """Check and copy the rows of a direct step (see ``direct_spans``)."""
+        for (piece, request), data in zip(direct, datas, strict=True):
+            self._copy_span(piece, piece.first_chunk, piece.end_chunk, request, data)
+            piece.read.ready()
+        return [None] * len(direct)
 
     def _rounds(self, step: Step) -> _Rounds:
         """One step as rounds of byte requests: probes, chunk indexes, then the rows."""
@@ -209,7 +219,7 @@ class RemoteExecutor:
         for output in read.ready():
             copy_rows(
                 buffer,
-                _target(output, at, high - low, read.rows),
+                output_rows(output, at, high - low, read.rows),
                 low - first * chunk_rows,
                 high - low,
                 chunk_rows,
@@ -472,7 +482,7 @@ class MappedExecutor:
             for output in read.ready():
                 self.copy_rows(
                     mapped.data,
-                    _target(output, piece.at, piece.rows, read.rows),
+                    output_rows(output, piece.at, piece.rows, read.rows),
                     piece.row,
                     piece.rows,
                     layout.chunk_rows,

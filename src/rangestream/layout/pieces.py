@@ -19,9 +19,20 @@ from typing import Any
 import numpy as np
 
 from rangestream.errors import CorruptDataError, OutOfRangeError
+from rangestream.io.ranges import RangeRequest
 from rangestream.layout.block import MISSING, ArrayLayout
 
-__all__ = ["Output", "Piece", "RowRead", "StoredArray", "in_one_block", "indexed_spans", "pieces"]
+__all__ = [
+    "Output",
+    "Piece",
+    "RowRead",
+    "StoredArray",
+    "direct_spans",
+    "in_one_block",
+    "indexed_spans",
+    "output_rows",
+    "pieces",
+]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -113,6 +124,15 @@ class RowRead:
                 f"rows [{self.start}, {self.stop}) outside {self.array.key} of length "
                 f"{self.array.length}"
             )
+
+
+def output_rows(output: Output, at: int, rows: int, total: int) -> np.ndarray:
+    """The part of an output that rows ``[at, at + rows)`` of the read land in."""
+    target, _offset, nbytes = output
+    if at == 0 and rows == total:
+        return target
+    flat = target.reshape(-1).view(np.uint8)
+    return flat[at * nbytes : (at + rows) * nbytes]
 
 
 def _whole_rows(read: RowRead, dtype: np.dtype[Any] | None) -> tuple[Output, ...]:
@@ -227,3 +247,39 @@ def indexed_spans(
             runs.append((start, end, first_chunk + run_start, first_chunk + i - 1))
             run_start = i
     return runs
+
+
+#: Row reads in one step up to which the direct path is taken (a temporal window reads one
+#: per field); larger steps are the general program's.
+DIRECT_READS = 16
+
+
+def direct_spans(step: Sequence[object]) -> list[tuple[Piece, RangeRequest]] | None:
+    """The one range of each row read of ``step``, if the direct path can serve it.
+
+    The common cases (a window of one range in one block; a temporal window's fields)
+    need none of the general program: every item a row read of rows in one dense block,
+    so no probe (one block is never far), no chunk index round and one piece per read.
+    The requests are the ones ``RemoteExecutor``'s general rounds would make, in the
+    same order, so the reader coalesces and counts them alike. ``None`` for anything else.
+    """
+    if not step or len(step) > DIRECT_READS:
+        return None
+    direct: list[tuple[Piece, RangeRequest]] = []
+    for read in step:
+        if not isinstance(read, RowRead) or read.rows <= 0:
+            return None
+        array = read.array
+        if not array.dense:
+            return None
+        read.check()
+        block_rows, chunk_rows, stored = array.block_rows, array.chunk_rows, array.stored
+        block, row = divmod(read.start, block_rows)
+        rows = read.stop - read.start
+        if row + rows > block_rows:
+            return None
+        piece = Piece(read, block, row, rows, 0)
+        first, end = row // chunk_rows, (row + rows - 1) // chunk_rows + 1
+        request = RangeRequest(array.block_key(block), first * stored, end * stored)
+        direct.append((piece, request))
+    return direct
