@@ -259,7 +259,7 @@ class ByteCache:
         temp = self.directory / "tmp" / f"{os.getpid()}-{uuid.uuid4().hex[:12]}-{nbytes}"
         try:
             self._remember_url(url)
-            self._reserve(nbytes)
+            self._reserve(nbytes, temp)
         except OSError as error:
             self._disable(f"making room in {self.directory}", error)
             return
@@ -299,13 +299,17 @@ class ByteCache:
         finally:
             os.close(fd)  # releases the lock
 
-    def _reserve(self, nbytes: int) -> None:
-        """Account ``nbytes`` about to be written, evicting LRU entries to make room."""
+    def _reserve(self, nbytes: int, temp: Path) -> None:
+        """Account ``nbytes`` about to be written to ``temp``, evicting LRU entries for room.
+
+        ``temp`` is made under the lock, so a scan by another process counts it from then on.
+        """
         with self._locked():
             used = _read_size(self.directory)
             if used + nbytes > self.budget:
                 used = self._evict(int(self.budget * LOW_WATER) - nbytes)
             _write_size(self.directory, used + nbytes)
+            temp.touch()
             self._flush_stats_locked()
 
     def _release(self, nbytes: int) -> None:
@@ -411,7 +415,10 @@ def _read_size(directory: Path) -> int:
 
 
 def _write_size(directory: Path, nbytes: int) -> None:
-    (directory / "SIZE").write_text(str(nbytes))
+    """Replace ``SIZE`` whole (renamed into place), so a reader never sees it empty."""
+    temp = directory / "tmp" / f"{os.getpid()}-{uuid.uuid4().hex[:12]}-0"
+    temp.write_text(str(nbytes))
+    os.replace(temp, directory / "SIZE")
 
 
 def read_stats(directory: Path) -> dict[str, int]:
@@ -428,6 +435,18 @@ def scan_entries(directory: Path) -> tuple[list[tuple[float, int, Path]], int]:
 
     Temporary files of a dead writer (older than an hour) are deleted on the way.
     """
+    # files in transit first: one renamed between the two walks is then counted twice (an
+    # over-count, safe), never missed
+    temps = 0
+    now = time.time()
+    for temp in os.scandir(directory / "tmp"):
+        try:
+            if now - temp.stat().st_mtime > STALE_TEMP_SECONDS:
+                os.unlink(temp.path)
+                continue
+        except FileNotFoundError:
+            continue
+        temps += int(temp.name.rsplit("-", 1)[-1] or 0)
     entries: list[tuple[float, int, Path]] = []
     for dataset in os.scandir(directory):
         if not dataset.is_dir() or dataset.name == "tmp":
@@ -442,14 +461,4 @@ def scan_entries(directory: Path) -> tuple[list[tuple[float, int, Path]], int]:
                     except FileNotFoundError:
                         continue
                     entries.append((info.st_mtime, info.st_size, Path(entry.path)))
-    temps = 0
-    now = time.time()
-    for temp in os.scandir(directory / "tmp"):
-        try:
-            if now - temp.stat().st_mtime > STALE_TEMP_SECONDS:
-                os.unlink(temp.path)
-                continue
-        except FileNotFoundError:
-            continue
-        temps += int(temp.name.rsplit("-", 1)[-1] or 0)
     return entries, temps
