@@ -30,14 +30,14 @@ def _version() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from rangestream.cli import convert, demo, gc, inspect, verify
+    from rangestream.cli import cache, convert, demo, gc, inspect, verify
 
     parser = argparse.ArgumentParser(
         prog="rangestream", description="Stream training data out of object storage."
     )
     parser.add_argument("--version", action="version", version=f"rangestream {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
-    for module in (convert, demo, inspect, verify, gc):
+    for module in (convert, demo, inspect, verify, gc, cache):
         module.register(commands)
     arguments = parser.parse_args(argv)
     try:

@@ -22,6 +22,8 @@ from rangestream.errors import (
     StorageError,
     TruncatedObjectError,
 )
+from rangestream.io.cache.byte_cache import ByteCache
+from rangestream.io.cache.tier import fetch_through_cache
 from rangestream.io.process import ProcessLocal, run_blocking
 from rangestream.io.ranges import ByteRequest, ObjectRequest, RangeRequest, SuffixRequest, coalesce
 from rangestream.io.retry import RetryPolicy, ShortReadError, is_range_not_satisfiable, retrying
@@ -107,6 +109,8 @@ class RangeReader:
         How transient errors are retried.
     counter
         Where requests are counted (a new one by default).
+    cache
+        A node-local byte cache in front of the store (``io/cache``); ignored for local files.
     """
 
     def __init__(
@@ -118,6 +122,7 @@ class RangeReader:
         max_coalesced_bytes: int = DEFAULT_MAX_COALESCED_BYTES,
         retry: RetryPolicy | None = None,
         counter: IOCounter | None = None,
+        cache: ByteCache | None = None,
     ) -> None:
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
@@ -127,6 +132,7 @@ class RangeReader:
         self.max_coalesced_bytes = max_coalesced_bytes
         self.retry = retry or RetryPolicy()
         self.counter = IOCounter() if counter is None else counter
+        self.cache = cache if cache is not None and not store.supports_sync_reads else None
         self._rng = random.Random()
 
     @property
@@ -199,9 +205,18 @@ class RangeReader:
         return await self._fetch_one(request, request.end - request.start)
 
     async def fetch(
-        self, requests: Sequence[ByteRequest], *, max_concurrency: int | None = None
+        self,
+        requests: Sequence[ByteRequest],
+        *,
+        max_concurrency: int | None = None,
+        cached: bool = True,
     ) -> list[bytes | memoryview]:
-        """Bytes of each request, in order; ranges are coalesced, suffixes fetched as is."""
+        """Bytes of each request, in order; ranges are coalesced, suffixes fetched as is.
+
+        With a byte cache, ``cached=False`` skips it (the cache tier's own fetch of misses).
+        """
+        if cached and self.cache is not None and self.cache.enabled:
+            return await fetch_through_cache(self, requests, max_concurrency)
         limit = max_concurrency or self.max_concurrency
         results: list[bytes | memoryview] = [b""] * len(requests)
         ranges = [(i, r) for i, r in enumerate(requests) if isinstance(r, RangeRequest)]

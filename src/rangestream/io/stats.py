@@ -27,6 +27,9 @@ class IOStats:
     ``requests`` counts attempts that reached the store (retries included), ``retries`` the
     attempts that were repeats, ``bytes`` the payload bytes received; ``by_key_kind`` and
     ``bytes_by_key_kind`` split requests and bytes by array (``stream``, ``payload_heap``).
+    With a byte cache on, ``cache_hits`` counts requests served from it (``cache_bytes``
+    their bytes: they are not in ``requests``), ``cache_misses`` requests it did not hold,
+    and ``cache_dropped`` damaged entries deleted (and fetched again).
     """
 
     requests: int = 0
@@ -35,6 +38,16 @@ class IOStats:
     failures: int = 0
     by_key_kind: dict[str, int] = field(default_factory=dict)
     bytes_by_key_kind: dict[str, int] = field(default_factory=dict)
+    cache_hits: int = 0
+    cache_misses: int = 0
+    cache_bytes: int = 0
+    cache_dropped: int = 0
+
+    @property
+    def cache_hit_rate(self) -> float:
+        """Hits over cacheable requests (0.0 without a cache)."""
+        asked = self.cache_hits + self.cache_misses
+        return self.cache_hits / asked if asked else 0.0
 
     def copy(self) -> IOStats:
         return IOStats(
@@ -44,7 +57,11 @@ class IOStats:
             self.failures,
             dict(self.by_key_kind),
             dict(self.bytes_by_key_kind),
+            *self._cache_counts(),
         )
+
+    def _cache_counts(self) -> tuple[int, int, int, int]:
+        return (self.cache_hits, self.cache_misses, self.cache_bytes, self.cache_dropped)
 
     def __add__(self, other: IOStats) -> IOStats:
         return IOStats(
@@ -54,6 +71,7 @@ class IOStats:
             self.failures + other.failures,
             _combine(self.by_key_kind, other.by_key_kind, 1),
             _combine(self.bytes_by_key_kind, other.bytes_by_key_kind, 1),
+            *(a + b for a, b in zip(self._cache_counts(), other._cache_counts(), strict=True)),
         )
 
     def __sub__(self, other: IOStats) -> IOStats:
@@ -64,6 +82,7 @@ class IOStats:
             self.failures - other.failures,
             _combine(self.by_key_kind, other.by_key_kind, -1),
             _combine(self.bytes_by_key_kind, other.bytes_by_key_kind, -1),
+            *(a - b for a, b in zip(self._cache_counts(), other._cache_counts(), strict=True)),
         )
 
 
@@ -80,13 +99,14 @@ class IOCounter:
     ``of(kind)`` hands out the list itself, so a hot path keeps it and bumps it in place.
     """
 
-    __slots__ = ("__weakref__", "kinds", "outcomes")
+    __slots__ = ("__weakref__", "cache", "kinds", "outcomes")
 
     def __init__(self) -> None:
         self.kinds: dict[str, list[int]] = {}
         self.outcomes = [0, 0]  # retries, failures: a list the finalizer can still read
+        self.cache = [0, 0, 0, 0]  # byte cache hits, misses, bytes served, entries dropped
         _live.add(self)
-        weakref.finalize(self, _retire, self.kinds, self.outcomes).atexit = False
+        weakref.finalize(self, _retire, self.kinds, self.outcomes, self.cache).atexit = False
 
     @property
     def retries(self) -> int:
@@ -116,11 +136,12 @@ class IOCounter:
             self.outcomes[0] += 1
 
     def snapshot(self) -> IOStats:
-        return _snapshot(self.kinds, self.outcomes)
+        return _snapshot(self.kinds, self.outcomes, self.cache)
 
 
-def _snapshot(kinds: dict[str, list[int]], outcomes: list[int]) -> IOStats:
+def _snapshot(kinds: dict[str, list[int]], outcomes: list[int], cache: list[int]) -> IOStats:
     stats = IOStats(retries=outcomes[0], failures=outcomes[1])
+    stats.cache_hits, stats.cache_misses, stats.cache_bytes, stats.cache_dropped = cache
     for kind, (requests, nbytes) in list(kinds.items()):
         if requests or nbytes:
             stats.requests += requests
@@ -138,9 +159,9 @@ _retired = IOStats()
 _baseline = IOStats()
 
 
-def _retire(kinds: dict[str, list[int]], outcomes: list[int]) -> None:
+def _retire(kinds: dict[str, list[int]], outcomes: list[int], cache: list[int]) -> None:
     global _retired
-    _retired = _retired + _snapshot(kinds, outcomes)
+    _retired = _retired + _snapshot(kinds, outcomes, cache)
 
 
 def _totals() -> IOStats:

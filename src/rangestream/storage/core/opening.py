@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 import numpy as np
 
 from rangestream.errors import DatasetNotFoundError, MissingObjectError
+from rangestream.io.cache.settings import cache_for
 from rangestream.io.local import LocalStore
 from rangestream.io.process import ProcessLocal
 from rangestream.io.range_reader import RangeReader
@@ -281,6 +282,7 @@ def _parts(storage: StorageKind) -> tuple[ObjectStore, RemoteExecutor | MappedEx
         coalesce_gap=options.coalesce_gap,
         max_coalesced_bytes=options.max_coalesced_bytes,
         retry=options.retry,
+        cache=cache_for(store.url, options.cache_dir, options.cache_bytes),
     )
     remote = RemoteExecutor(reader, verify=options.verify_checksums)
     executor: RemoteExecutor | MappedExecutor = remote

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rangestream.arguments import integer, positive_integer
+from rangestream.io.cache.settings import parse_budget
 from rangestream.io.range_reader import (
     DEFAULT_COALESCE_GAP,
     DEFAULT_MAX_COALESCED_BYTES,
@@ -59,6 +60,11 @@ class ReadOptions:
         On a local path, copy reads out of memory-mapped blocks (on by default; the
         environment variable ``RANGESTREAM_MAPPED_READS=0`` turns it off, for filesystems
         where mapping is unwise, such as some FUSE mounts): ``pread`` is used instead.
+    cache_dir, cache_bytes
+        A node-local byte cache of what reads fetch from a remote store (off by default;
+        ``RANGESTREAM_CACHE_DIR`` and ``RANGESTREAM_CACHE_BYTES`` turn it on without code):
+        a directory every process of the node may share, and its budget in bytes (or
+        ``"20G"``). See ``rangestream.io.cache``.
     """
 
     max_concurrency: int = DEFAULT_MAX_CONCURRENCY
@@ -67,8 +73,14 @@ class ReadOptions:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     verify_checksums: bool = True
     mapped: bool = field(default_factory=_mapped_default)
+    cache_dir: str | None = None
+    cache_bytes: int | str | None = None
 
     def __post_init__(self) -> None:
+        if self.cache_dir is not None:
+            object.__setattr__(self, "cache_dir", os.fspath(self.cache_dir))
+        if self.cache_bytes is not None:
+            object.__setattr__(self, "cache_bytes", parse_budget(self.cache_bytes))
         object.__setattr__(
             self, "max_concurrency", positive_integer(self.max_concurrency, "max_concurrency")
         )
