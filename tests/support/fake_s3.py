@@ -19,14 +19,25 @@ from typing import Any
 
 from aiohttp import web
 
-__all__ = ["FakeS3", "fake_s3"]
+__all__ = ["MODES", "FakeS3", "fake_s3"]
 
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)")
 
 
+#: How the server may answer a range GET (see ``FakeS3``).
+MODES = (
+    "honest",  # 206, Content-Range, the bytes asked for
+    "ignore_range",  # 200, the whole object
+    "shift",  # 206 for another range of the same length, ``shift`` bytes later, and its bytes
+    "range_as_200",  # 200, Content-Range, the bytes asked for (rclone serve s3)
+    "bare_range",  # 200, the bytes asked for, no Content-Range
+    "no_content_range",  # 206, the bytes asked for, no Content-Range
+    "status_203",  # 203, Content-Range, the bytes asked for
+)
+
+
 class FakeS3:
-    """``mode``: ``"honest"``, ``"ignore_range"`` (200, whole object) or ``"shift"`` (206 with
-    another range of the same length, ``shift`` bytes later, and its bytes)."""
+    """``mode``: one of ``MODES``, how range GETs are answered (HEADs are always honest)."""
 
     def __init__(self, root: Path, bucket: str = "fake-bucket", shift: int = 64) -> None:
         self.root = root
@@ -34,6 +45,7 @@ class FakeS3:
         self.mode = "honest"
         self.shift = shift
         self.gets = 0
+        self.heads = 0
         self.body_bytes = 0
         self.port = _free_port()
         self._loop = asyncio.new_event_loop()
@@ -74,6 +86,7 @@ class FakeS3:
         headers = {"ETag": '"fake"', "Accept-Ranges": "bytes"}
         size = path.stat().st_size
         if request.method == "HEAD":
+            self.heads += 1
             return web.Response(status=200, headers={**headers, "Content-Length": str(size)})
         self.gets += 1
         match = _RANGE.fullmatch(request.headers.get("Range", ""))
@@ -90,8 +103,10 @@ class FakeS3:
         if self.mode == "shift":
             start, end = start + self.shift, min(len(data), end + self.shift)
         self.body_bytes += end - start
-        headers["Content-Range"] = f"bytes {start}-{end - 1}/{len(data)}"
-        return web.Response(status=206, body=data[start:end], headers=headers)
+        if self.mode not in ("bare_range", "no_content_range"):
+            headers["Content-Range"] = f"bytes {start}-{end - 1}/{len(data)}"
+        status = {"range_as_200": 200, "bare_range": 200, "status_203": 203}.get(self.mode, 206)
+        return web.Response(status=status, body=data[start:end], headers=headers)
 
     async def _whole(
         self, request: web.Request, path: Path, size: int, headers: dict[str, str]

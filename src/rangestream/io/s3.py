@@ -4,9 +4,11 @@ Reads go through one of two read paths, chosen once per store: the lean aiohttp 
 ``s3_client`` (the default: a fraction of s3fs's CPU per request), or s3fs's own
 ``get_object`` when the storage options ask for something the lean client does not
 reproduce (``requester_pays``, SSE-C, a ``profile``, ...) or ``RANGESTREAM_S3_READS=s3fs``
-says so. Both check every answer to a range request the same way (``ranged_body``): the
-status, the ``Content-Range`` of a 206, and at most the bytes asked for of a 200 from a
-server that ignored the range, so a wrong answer can never pass for the bytes asked for.
+says so. Both check every answer to a range request the same way (``range_answers``): the
+status, the ``Content-Range`` of a 206 (or of a 200 carrying only the range, as rclone
+answers), and at most the bytes asked for of a 200 from a server that ignored the range,
+sliced only once a HEAD says it is the whole object, so a wrong answer can never pass for
+the bytes asked for.
 Listings of keys (``list``, and so ``delete_prefix``'s) take the read path too: the lean
 client's ListObjectsV2 reads only the keys. Writes, deletes and listings with sizes and
 times (``list_details``) always go through s3fs (``FsspecStore``).
@@ -21,7 +23,8 @@ from typing import Any
 
 from rangestream.io.fsspec_store import FsspecStore, options_key, shared_client
 from rangestream.io.process import ProcessLocal
-from rangestream.io.s3_client import S3ReadClient, ranged_body
+from rangestream.io.range_answers import needs_object_size, ranged_body, suffix_body
+from rangestream.io.s3_client import S3ReadClient
 from rangestream.io.s3_options import S3ReadConfig, lean_read_config, lean_reads_enabled
 
 __all__ = ["S3Store"]
@@ -243,7 +246,8 @@ class _S3fsReads:
 
     async def _get_object(
         self, key: str, limit: int | None, **kwargs: Any
-    ) -> tuple[int, Any, bytes]:
+    ) -> tuple[int, dict[str, Any], bytes]:
+        """(status, the answer's fields, body): at most ``limit`` bytes of a 200."""
         fs = await self.store._fs()
         bucket, object_key = self.store.bucket_key(key)
         answer = await fs._call_s3("get_object", Bucket=bucket, Key=object_key, **kwargs)
@@ -256,23 +260,46 @@ class _S3fsReads:
                 data = await body.read()
         finally:
             body.close()
-        return status, answer.get("ContentRange"), data
+        return status, answer, data
 
     async def get_range(self, key: str, start: int, end: int) -> bytes:
         try:
-            status, content_range, body = await self._get_object(
+            status, answer, body = await self._get_object(
                 key, end, Range=f"bytes={start}-{end - 1}"
             )
         except OSError as error:
             if _is_invalid_range(error):
                 return b""  # the range starts past the object's end
             raise
-        return ranged_body(status, content_range, body, start, end, self.store.describe(key))
+        content_range = answer.get("ContentRange")
+        object_size = None
+        if needs_object_size(status, content_range, start):
+            fs, (bucket, object_key) = await self.store._fs(), self.store.bucket_key(key)
+            head = await fs._call_s3("head_object", Bucket=bucket, Key=object_key)
+            object_size = int(head["ContentLength"])
+        announced = answer.get("ContentLength")
+        return ranged_body(
+            status,
+            content_range,
+            body,
+            start,
+            end,
+            self.store.describe(key),
+            announced=int(announced) if announced is not None else None,
+            object_size=object_size,
+        )
 
     async def get_suffix(self, key: str, nbytes: int) -> bytes:
         if nbytes <= 0:
             return b""
-        return bytes(await self.store._call("cat_file", self.store._path(key), start=-nbytes))
+        try:
+            status, answer, body = await self._get_object(key, None, Range=f"bytes=-{nbytes}")
+        except OSError as error:
+            if _is_invalid_range(error):
+                return b""  # an empty object has no last byte to count from
+            raise
+        return suffix_body(status, answer.get("ContentRange"), body, nbytes,
+                           self.store.describe(key))  # fmt: skip
 
     async def get(self, key: str) -> bytes:
         return bytes(await self.store._call("cat_file", self.store._path(key)))
