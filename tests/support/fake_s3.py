@@ -3,7 +3,8 @@
 Real S3 servers answer a range GET with the range asked for. Some proxies and gateways do
 not: they ignore ``Range`` (200 with the whole object) or answer another range than asked.
 This small aiohttp app serves the files under a local directory as ``<bucket>/<key>`` and,
-per ``mode``, answers honestly, ignores ranges, or shifts them; it checks no signature.
+per ``mode``, answers honestly, ignores ranges, or shifts them; it checks no signature. PUTs
+write the file (their headers are kept); GET answers may carry a checksum header.
 """
 
 from __future__ import annotations
@@ -46,6 +47,10 @@ class FakeS3:
         self.shift = shift
         self.gets = 0
         self.heads = 0
+        #: headers of each PUT received (the object is written under ``root``)
+        self.put_headers: list[dict[str, str]] = []
+        #: sent with every GET answer as ``x-amz-checksum-crc32``, right or not
+        self.checksum_header: str | None = None
         self.body_bytes = 0
         self.port = _free_port()
         self._loop = asyncio.new_event_loop()
@@ -80,10 +85,17 @@ class FakeS3:
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         bucket, _, key = request.match_info["path"].partition("/")
         path = self.root / key
+        if request.method == "PUT" and bucket == self.bucket and key:
+            self.put_headers.append(dict(request.headers))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(await request.read())
+            return web.Response(status=200, headers={"ETag": '"fake"'})
         if bucket != self.bucket or not key or not path.is_file():
             body = b"<Error><Code>NoSuchKey</Code><Message>missing</Message></Error>"
             return web.Response(status=404, body=body, content_type="application/xml")
         headers = {"ETag": '"fake"', "Accept-Ranges": "bytes"}
+        if self.checksum_header is not None:
+            headers["x-amz-checksum-crc32"] = self.checksum_header
         size = path.stat().st_size
         if request.method == "HEAD":
             self.heads += 1

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import weakref
 from typing import Any
 
@@ -28,6 +29,12 @@ from rangestream.io.s3_client import S3ReadClient
 from rangestream.io.s3_options import S3ReadConfig, lean_read_config, lean_reads_enabled
 
 __all__ = ["S3Store"]
+
+#: botocore's checksum settings (config name, environment variable), "when_required" here.
+_CHECKSUM_SETTINGS = (
+    ("request_checksum_calculation", "AWS_REQUEST_CHECKSUM_CALCULATION"),
+    ("response_checksum_validation", "AWS_RESPONSE_CHECKSUM_VALIDATION"),
+)
 
 
 class S3Store(FsspecStore):
@@ -53,6 +60,13 @@ class S3Store(FsspecStore):
         config.setdefault("max_pool_connections", 128)
         config.setdefault("connect_timeout", 5)
         config.setdefault("read_timeout", 30)
+        # botocore's default ("when_supported") adds CRC32 trailers to every upload and
+        # validates any checksum header of a GET: servers that implement neither, or not
+        # exactly (rclone serve s3: FlexibleChecksumError), then refuse or fail every call.
+        # The dataset's own crc32c checks every chunk read, whatever the transport did.
+        for name, env in _CHECKSUM_SETTINGS:
+            if not os.environ.get(env):  # a setting in the environment is the user's own
+                config.setdefault(name, "when_required")
         options["config_kwargs"] = config
         return options
 

@@ -73,8 +73,19 @@ _CLIENT_KWARGS = frozenset(
     }
 )
 #: ``retries`` is accepted and ignored: RangeReader owns retries (the store turns botocore's off).
+#: The checksum settings change nothing here: the lean client neither adds request checksums
+#: to its GETs nor validates the transport's (the dataset's crc32c checks every chunk).
 _CONFIG_KWARGS = frozenset(
-    {"connect_timeout", "read_timeout", "max_pool_connections", "retries", "region_name", "s3"}
+    {
+        "connect_timeout",
+        "read_timeout",
+        "max_pool_connections",
+        "retries",
+        "region_name",
+        "s3",
+        "request_checksum_calculation",
+        "response_checksum_validation",
+    }
 )
 
 
