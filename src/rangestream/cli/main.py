@@ -10,6 +10,7 @@ a client library the library did not foresee) is shown as its type and message.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -39,6 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for module in (convert, demo, inspect, verify, gc):
         module.register(commands)
     arguments = parser.parse_args(argv)
+    handler = _show_warnings(arguments.command)
     try:
         return int(arguments.run(arguments) or 0)
     except KeyboardInterrupt:
@@ -49,7 +51,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.environ.get(DEBUG_ENVIRONMENT):
             raise
         _fail(arguments.command, f"{type(error).__name__}: {error}")
+    finally:
+        if handler is not None:
+            logging.getLogger("rangestream").removeHandler(handler)
     return EXIT_FAILED
+
+
+def _show_warnings(command: str) -> logging.Handler | None:
+    """Print the library's warnings (an endpoint retried while unreachable) on stderr,
+    prefixed as the command's other messages are; a logging setup of the caller's wins.
+    Returns the handler added, which ``main`` removes when the command ends."""
+    logger = logging.getLogger("rangestream")
+    if logger.handlers or logging.getLogger().handlers:
+        return None
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(f"rangestream {command}: %(message)s"))
+    handler.setLevel(logging.WARNING)
+    logger.addHandler(handler)
+    return handler
 
 
 def _fail(command: str, message: str) -> None:
