@@ -4,12 +4,14 @@ Real S3 servers answer a range GET with the range asked for. Some proxies and ga
 not: they ignore ``Range`` (200 with the whole object) or answer another range than asked.
 This small aiohttp app serves the files under a local directory as ``<bucket>/<key>`` and,
 per ``mode``, answers honestly, ignores ranges, or shifts them; it checks no signature. PUTs
-write the file (their headers are kept); GET answers may carry a checksum header.
+write the file (their headers are kept) and ignore If-Match / If-None-Match, as rclone does,
+unless told to honour them; GET answers may carry a checksum header.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import re
 import socket
 import threading
@@ -49,6 +51,10 @@ class FakeS3:
         self.heads = 0
         #: headers of each PUT received (the object is written under ``root``)
         self.put_headers: list[dict[str, str]] = []
+        #: keys of each PUT received, in order
+        self.put_keys: list[str] = []
+        #: whether PUTs honour If-Match / If-None-Match (412 when they do not hold)
+        self.honour_conditions = False
         #: sent with every GET answer as ``x-amz-checksum-crc32``, right or not
         self.checksum_header: str | None = None
         self.body_bytes = 0
@@ -86,14 +92,17 @@ class FakeS3:
         bucket, _, key = request.match_info["path"].partition("/")
         path = self.root / key
         if request.method == "PUT" and bucket == self.bucket and key:
-            self.put_headers.append(dict(request.headers))
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(await request.read())
-            return web.Response(status=200, headers={"ETag": '"fake"'})
+            return await self._put(request, path)
+        if request.method == "DELETE" and bucket == self.bucket and key:
+            path.unlink(missing_ok=True)
+            return web.Response(status=204)
         if bucket != self.bucket or not key or not path.is_file():
             body = b"<Error><Code>NoSuchKey</Code><Message>missing</Message></Error>"
             return web.Response(status=404, body=body, content_type="application/xml")
-        headers = {"ETag": '"fake"', "Accept-Ranges": "bytes"}
+        # the ETag names the content only where conditions are checked against it (hashing
+        # would cost a whole read of a large object the client reads 4 KB of)
+        etag = _etag(path.read_bytes()) if self.honour_conditions else '"fake"'
+        headers = {"ETag": etag, "Accept-Ranges": "bytes"}
         if self.checksum_header is not None:
             headers["x-amz-checksum-crc32"] = self.checksum_header
         size = path.stat().st_size
@@ -120,6 +129,24 @@ class FakeS3:
         status = {"range_as_200": 200, "bare_range": 200, "status_203": 203}.get(self.mode, 206)
         return web.Response(status=status, body=data[start:end], headers=headers)
 
+    async def _put(self, request: web.Request, path: Path) -> web.Response:
+        """Write the object; the conditions are checked only if ``honour_conditions``."""
+        self.put_headers.append(dict(request.headers))
+        self.put_keys.append(str(path.relative_to(self.root)))
+        body = await request.read()
+        current = _etag(path.read_bytes()) if path.is_file() else None
+        if self.honour_conditions:
+            if_none = request.headers.get("If-None-Match")
+            if_match = request.headers.get("If-Match")
+            if (if_none == "*" and current is not None) or (
+                if_match is not None and if_match != current
+            ):
+                error = b"<Error><Code>PreconditionFailed</Code><Message>no</Message></Error>"
+                return web.Response(status=412, body=error, content_type="application/xml")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(body)
+        return web.Response(status=200, headers={"ETag": _etag(body)})
+
     async def _whole(
         self, request: web.Request, path: Path, size: int, headers: dict[str, str]
     ) -> web.StreamResponse:
@@ -145,6 +172,10 @@ class FakeS3:
     def close(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+
+
+def _etag(data: bytes) -> str:
+    return f'"{hashlib.md5(data).hexdigest()}"'
 
 
 def _free_port() -> int:

@@ -22,11 +22,18 @@ import os
 import weakref
 from typing import Any
 
+from rangestream.io import conditional_writes
+from rangestream.io.conditional_writes import s3_error_of
 from rangestream.io.fsspec_store import FsspecStore, options_key, shared_client
 from rangestream.io.process import ProcessLocal
 from rangestream.io.range_answers import needs_object_size, ranged_body, suffix_body
 from rangestream.io.s3_client import S3ReadClient
-from rangestream.io.s3_options import S3ReadConfig, lean_read_config, lean_reads_enabled
+from rangestream.io.s3_options import (
+    S3ReadConfig,
+    aws_environment_key,
+    lean_read_config,
+    lean_reads_enabled,
+)
 
 __all__ = ["S3Store"]
 
@@ -69,6 +76,11 @@ class S3Store(FsspecStore):
                 config.setdefault(name, "when_required")
         options["config_kwargs"] = config
         return options
+
+    def _shared_key(self, options: dict[str, Any]) -> str:
+        # botocore also reads the AWS_* environment (and the config files it names): two
+        # stores with the same options may still go to different endpoints or regions
+        return options_key(self.protocol, options) + aws_environment_key()
 
     def _prepare(self, fs: Any) -> None:
         fs.retries = 1  # s3fs retries some errors itself; ours are counted instead
@@ -130,20 +142,6 @@ class S3Store(FsspecStore):
         self._reads.forget_loop()
 
     # -- object versions, conditional writes (commit) ------------------------------------
-    @staticmethod
-    def _s3_error(error: BaseException) -> tuple[str | None, int | None]:
-        """The S3 error code and HTTP status behind an s3fs exception, if any."""
-        current: BaseException | None = error
-        for _ in range(8):
-            response = getattr(current, "response", None)
-            if isinstance(response, dict):
-                status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
-                return (response.get("Error") or {}).get("Code"), status
-            if current is None:
-                break
-            current = current.__cause__ or current.__context__
-        return None, None
-
     async def get_versioned(self, key: str, max_nbytes: int) -> tuple[bytes, str]:
         fs, (bucket, object_key) = await self._fs(), self.bucket_key(key)
         try:  # one bounded GET: the ETag of a range names the whole object's version
@@ -151,7 +149,7 @@ class S3Store(FsspecStore):
                 "get_object", Bucket=bucket, Key=object_key, Range=f"bytes=0-{max_nbytes - 1}"
             )
         except OSError as error:
-            if self._s3_error(error)[1] != 416:
+            if s3_error_of(error)[1] != 416:
                 raise
             response = await fs._call_s3("get_object", Bucket=bucket, Key=object_key)  # empty
         body = response["Body"]
@@ -161,28 +159,58 @@ class S3Store(FsspecStore):
             body.close()
         return bytes(data), str(response["ETag"])
 
+    def endpoint(self, fs: Any) -> str:
+        """The endpoint s3fs's client resolved (what conditional writes are proved for)."""
+        meta = getattr(getattr(fs, "s3", None), "meta", None)
+        return str(getattr(meta, "endpoint_url", None) or "the configured S3 endpoint")
+
     async def put_if_version(
         self, key: str, data: bytes, version: str | None, max_nbytes: int
     ) -> None:
+        """An ``If-Match`` / ``If-None-Match`` PUT, once the server is proved to honour them.
+
+        Where it does not (``conditional_writes``), refused with
+        ``ConditionalWritesUnsupportedError``, or, if the user declared one writer at a time,
+        checked then written as ``ObjectStore.put_if_version`` does.
+        """
         from rangestream.errors import ConcurrentWriteError
 
-        condition = {"IfNoneMatch": "*"} if version is None else {"IfMatch": version}
         fs, (bucket, object_key) = await self._fs(), self.bucket_key(key)
+        endpoint = self.endpoint(fs)
+
+        async def call(method: str, **kwargs: Any) -> Any:
+            return await fs._call_s3(method, **kwargs)
+
+        refused = await conditional_writes.refusal(
+            lambda **kwargs: call("put_object", **kwargs),
+            lambda **kwargs: call("delete_object", **kwargs),
+            endpoint,
+            bucket,
+            self.bucket_key("")[1],
+        )
+        if refused is not None:
+            if conditional_writes.single_writer_declared():
+                await super().put_if_version(key, data, version, max_nbytes)
+                return
+            raise conditional_writes.unsupported(endpoint, bucket, refused)
+        condition = {"IfNoneMatch": "*"} if version is None else {"IfMatch": version}
         try:
-            await fs._call_s3(
-                "put_object", Bucket=bucket, Key=object_key, Body=bytes(data), **condition
-            )
+            await call("put_object", Bucket=bucket, Key=object_key, Body=bytes(data), **condition)
         except OSError as error:
-            code, status = self._s3_error(error)
-            if status in (409, 412) or code in {"PreconditionFailed", "ConditionalRequestConflict"}:
+            if conditional_writes.is_condition_refusal(error):
                 raise ConcurrentWriteError(
                     f"{self.describe(key)} changed since it was read"
                 ) from error
             if version is not None and isinstance(error, FileNotFoundError):
                 raise ConcurrentWriteError(f"{self.describe(key)} was deleted") from error
+            code, status = s3_error_of(error)
             if status != 501 and code != "NotImplemented":
                 raise
-            await super().put_if_version(key, data, version, max_nbytes)  # no conditions here
+            what = f"answers HTTP {status} {code} to conditional writes"
+            conditional_writes.remember(endpoint, bucket, what)
+            if not conditional_writes.single_writer_declared():
+                raise conditional_writes.unsupported(endpoint, bucket, what) from error
+            await super().put_if_version(key, data, version, max_nbytes)
 
 
 class _LeanReads:
@@ -191,7 +219,7 @@ class _LeanReads:
     def __init__(self, store: S3Store, config: S3ReadConfig) -> None:
         self.store = store
         self.config = config
-        self.key = "lean-reads:" + options_key(store.protocol, store._options())
+        self.key = "lean-reads:" + store._shared_key(store._options())
         self._clients = ProcessLocal[weakref.WeakKeyDictionary[Any, S3ReadClient]]()
 
     async def client(self) -> S3ReadClient:
@@ -269,7 +297,13 @@ class _S3fsReads:
         body = answer["Body"]
         try:
             if status == 200 and limit is not None:
-                data = await body.read(limit)  # a server that ignored the range: no more
+                # a server that may have ignored the range: no more than asked for; one
+                # read(n) returns what has arrived, up to n, so read until there is enough
+                pieces, remaining = [], limit
+                while remaining > 0 and (piece := await body.read(remaining)):
+                    pieces.append(piece)
+                    remaining -= len(piece)
+                data = b"".join(pieces)
             else:
                 data = await body.read()
         finally:
@@ -309,9 +343,11 @@ class _S3fsReads:
         try:
             status, answer, body = await self._get_object(key, None, Range=f"bytes=-{nbytes}")
         except OSError as error:
-            if _is_invalid_range(error):
-                return b""  # an empty object has no last byte to count from
-            raise
+            if not _is_invalid_range(error):
+                raise
+            # an empty object (no last byte to count from), or a suffix longer than the
+            # object on a server that refuses it (rclone): the whole object is the answer
+            status, answer, body = await self._get_object(key, None)
         return suffix_body(status, answer.get("ContentRange"), body, nbytes,
                            self.store.describe(key))  # fmt: skip
 

@@ -94,10 +94,16 @@ class S3ReadClient:
         self._sizes: dict[tuple[str, str, str], int] = {}
         self._static = None if config.anon else static_credentials(config)
         self._signers: dict[str, SigV4Signer] = {}
+        ssl: Any = True
+        if config.ca_bundle:  # the certificates botocore trusts for the same endpoint
+            import ssl as ssl_module
+
+            ssl = ssl_module.create_default_context(cafile=config.ca_bundle)
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(
-                limit=config.max_connections, limit_per_host=0, ttl_dns_cache=300
+                limit=config.max_connections, limit_per_host=0, ttl_dns_cache=300, ssl=ssl
             ),
+            trust_env=True,  # HTTP(S)_PROXY / NO_PROXY, as botocore uses them
             timeout=aiohttp.ClientTimeout(
                 total=None, sock_connect=config.connect_timeout, sock_read=config.read_timeout
             ),
@@ -159,6 +165,10 @@ class S3ReadClient:
         if nbytes <= 0:
             return b""
         status, headers, body = await self._send("GET", bucket, key, {"Range": f"bytes=-{nbytes}"})
+        if status == 416 and (headers.get("Content-Range") or "").strip() != "bytes */0":
+            # a suffix longer than a non-empty object: S3 answers the whole object, rclone
+            # answers 416; the whole object is what was asked for
+            status, headers, body = await self._send("GET", bucket, key, {})
         return suffix_body(status, headers.get("Content-Range"), body, nbytes,
                            f"s3://{bucket}/{key}")  # fmt: skip
 
