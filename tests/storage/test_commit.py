@@ -111,6 +111,7 @@ def _commit_in_rounds(
     "rclone",
     "rclone ignores If-Match / If-None-Match: its cases declare one writer at a time, which "
     "concurrent writers break (test_conditional_commits: undeclared, they are refused)",
+    strict=False,  # a race: some runs lose no commit
 )
 def test_concurrent_commits_either_chain_up_or_learn_they_lost(location: Location) -> None:
     context = multiprocessing.get_context("spawn")

@@ -9,7 +9,8 @@ beside ``[local]`` and ``[s3]``). ``RANGESTREAM_TEST_S3_MATRIX`` lists the extra
 
 ``@pytest.mark.s3_limit("moto", "why")`` marks a test that server cannot pass for a
 documented reason of that server: that case is an expected failure (strict: a server that
-starts passing it shows up). rclone ignores ``If-Match`` / ``If-None-Match``, so commits
+starts passing it shows up; ``strict=False`` for a race the server loses only sometimes).
+rclone ignores ``If-Match`` / ``If-None-Match``, so commits
 there are refused unless one writer at a time is declared: its cases run with
 ``RANGESTREAM_S3_SINGLE_WRITER=1``, as a user of rclone would, and the concurrent-commit
 tests carry an ``s3_limit`` for it (tests/storage/test_conditional_commits.py shows the
@@ -85,7 +86,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         for mark in item.iter_markers("s3_limit"):
             limited, reason = mark.args
             if limited == kind:
-                item.add_marker(pytest.mark.xfail(reason=f"{kind}: {reason}", strict=True))
+                strict = bool(mark.kwargs.get("strict", True))  # False: may pass by luck
+                item.add_marker(pytest.mark.xfail(reason=f"{kind}: {reason}", strict=strict))
 
 
 @pytest.fixture(autouse=True)
