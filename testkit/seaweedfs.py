@@ -117,6 +117,10 @@ class S3Endpoint:
             read_timeout=read_timeout,
             retries={"mode": "standard", "total_max_attempts": max_attempts},
             s3={"addressing_style": "path"},
+            # transport checksums only where an operation requires them: rclone serve s3
+            # computes them differently (FlexibleChecksumError on every GET)
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
         )
         return session.create_client(
             "s3",

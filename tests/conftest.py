@@ -8,10 +8,17 @@ repository root on that path is what makes the test kit (``testkit/``: the Seawe
 and the latency proxy the S3 fixtures are built on) importable: it is not installed.
 
 S3 fixtures (see ``support/s3.py``): ``seaweedfs_server``, ``s3_server``, ``s3_bucket``,
-``s3_url``, ``location`` (parametrised "local"/"s3") and ``s3_proxy``. Dask (see
+``s3_url``, ``location`` (parametrised "local"/"s3") and ``s3_proxy``; the S3 server matrix
+(see ``support/s3_matrix.py``): tests marked ``s3_core`` also run on moto and rclone. Dask (see
 ``support/dask.py``): ``dask_client``, a LocalCluster of worker processes. Tokenizers (see
 ``support/tokenizers.py``): ``tokenizer_dir``, ``tokenizer_json``, ``rust_tokenizer``. Mapped reads
 (see ``support/copies.py``): ``copies`` (parametrised "compiled"/"numpy").
 """
 
-pytest_plugins = ("support.copies", "support.dask", "support.s3", "support.tokenizers")
+pytest_plugins = (
+    "support.copies",
+    "support.dask",
+    "support.s3_matrix",
+    "support.s3",
+    "support.tokenizers",
+)

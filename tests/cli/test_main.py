@@ -131,3 +131,30 @@ def test_a_malformed_storage_option_is_one_line(
 def test_the_former_url_option_still_works(tmp_path: Path) -> None:
     write_small(str(tmp_path / "ds"))
     assert main(["inspect", "--url", str(tmp_path / "ds")]) == 0
+
+
+def test_an_unreachable_endpoint_is_announced_within_5_s_while_it_is_retried() -> None:
+    import socket
+    import time
+
+    with socket.socket() as probe:  # a port nobody listens on: connections are refused
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    started = time.monotonic()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "rangestream.cli.main", "inspect", "s3://bucket/data",
+         "--endpoint-url", f"http://127.0.0.1:{port}", "--storage-option", "key=a",
+         "--storage-option", "secret=b", "--timeout", "60"],
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert process.stderr is not None
+        line = process.stderr.readline()
+        took = time.monotonic() - started
+        assert process.poll() is None, "still retrying: the deadline is a minute away"
+    finally:
+        process.kill()
+        process.wait()
+    assert took < 5.0, f"announced after {took:.1f} s"
+    assert line.startswith("rangestream inspect: cannot reach the object store"), line
+    assert f"127.0.0.1:{port}" in line and "retrying for up to" in line

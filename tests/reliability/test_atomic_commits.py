@@ -27,6 +27,9 @@ from rangestream.storage.maintenance.verify import verify_dataset
 
 from .datasets import SMALL, token_ground_truth, tokens_storage, write_tokens
 
+#: on every server of the S3 matrix (support/s3_matrix.py)
+pytestmark = pytest.mark.s3_core
+
 TOKENS_PER_SHARD = 3_000
 PHASES = ("block", "array_meta", "shard_group", "part", "commit_group", "index", "root")
 

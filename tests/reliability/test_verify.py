@@ -17,6 +17,9 @@ from rangestream.storage.maintenance.verify import verify_dataset
 
 from .datasets import SMALL, RawObjects, tokens_storage, write_documents, write_tokens
 
+#: on every server of the S3 matrix (support/s3_matrix.py)
+pytestmark = pytest.mark.s3_core
+
 STORED_CHUNK = 68  # SMALL layout, 4-byte rows: 16 rows * 4 bytes + crc32c
 
 

@@ -20,6 +20,9 @@ from rangestream import StreamNumpyFormat, StreamStorage
 from rangestream.errors import MetadataError
 from rangestream.storage.maintenance.gc import collect_garbage
 
+#: on every server of the S3 matrix (support/s3_matrix.py)
+pytestmark = pytest.mark.s3_core
+
 TOKENS = np.dtype([("t", "<i4")])
 #: Small blocks, so that a killed write has uploaded whole blocks before it dies.
 SMALL = {"chunk_bytes": 256, "block_bytes": 4096}

@@ -16,6 +16,9 @@ from support.streams import SMALL, TOKENS, ShardTagFormat, ground_truth, make_re
 from rangestream import StreamNumpyFormat, StreamStorage
 from rangestream.storage.stream.windows import run_of
 
+#: on every server of the S3 matrix (support/s3_matrix.py)
+pytestmark = pytest.mark.s3_core
+
 
 @settings(
     max_examples=15,

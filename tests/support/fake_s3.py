@@ -3,12 +3,15 @@
 Real S3 servers answer a range GET with the range asked for. Some proxies and gateways do
 not: they ignore ``Range`` (200 with the whole object) or answer another range than asked.
 This small aiohttp app serves the files under a local directory as ``<bucket>/<key>`` and,
-per ``mode``, answers honestly, ignores ranges, or shifts them; it checks no signature.
+per ``mode``, answers honestly, ignores ranges, or shifts them; it checks no signature. PUTs
+write the file (their headers are kept) and ignore If-Match / If-None-Match, as rclone does,
+unless told to honour them; GET answers may carry a checksum header.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import re
 import socket
 import threading
@@ -19,14 +22,25 @@ from typing import Any
 
 from aiohttp import web
 
-__all__ = ["FakeS3", "fake_s3"]
+__all__ = ["MODES", "FakeS3", "fake_s3"]
 
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)")
 
 
+#: How the server may answer a range GET (see ``FakeS3``).
+MODES = (
+    "honest",  # 206, Content-Range, the bytes asked for
+    "ignore_range",  # 200, the whole object
+    "shift",  # 206 for another range of the same length, ``shift`` bytes later, and its bytes
+    "range_as_200",  # 200, Content-Range, the bytes asked for (rclone serve s3)
+    "bare_range",  # 200, the bytes asked for, no Content-Range
+    "no_content_range",  # 206, the bytes asked for, no Content-Range
+    "status_203",  # 203, Content-Range, the bytes asked for
+)
+
+
 class FakeS3:
-    """``mode``: ``"honest"``, ``"ignore_range"`` (200, whole object) or ``"shift"`` (206 with
-    another range of the same length, ``shift`` bytes later, and its bytes)."""
+    """``mode``: one of ``MODES``, how range GETs are answered (HEADs are always honest)."""
 
     def __init__(self, root: Path, bucket: str = "fake-bucket", shift: int = 64) -> None:
         self.root = root
@@ -34,6 +48,15 @@ class FakeS3:
         self.mode = "honest"
         self.shift = shift
         self.gets = 0
+        self.heads = 0
+        #: headers of each PUT received (the object is written under ``root``)
+        self.put_headers: list[dict[str, str]] = []
+        #: keys of each PUT received, in order
+        self.put_keys: list[str] = []
+        #: whether PUTs honour If-Match / If-None-Match (412 when they do not hold)
+        self.honour_conditions = False
+        #: sent with every GET answer as ``x-amz-checksum-crc32``, right or not
+        self.checksum_header: str | None = None
         self.body_bytes = 0
         self.port = _free_port()
         self._loop = asyncio.new_event_loop()
@@ -68,12 +91,23 @@ class FakeS3:
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         bucket, _, key = request.match_info["path"].partition("/")
         path = self.root / key
+        if request.method == "PUT" and bucket == self.bucket and key:
+            return await self._put(request, path)
+        if request.method == "DELETE" and bucket == self.bucket and key:
+            path.unlink(missing_ok=True)
+            return web.Response(status=204)
         if bucket != self.bucket or not key or not path.is_file():
             body = b"<Error><Code>NoSuchKey</Code><Message>missing</Message></Error>"
             return web.Response(status=404, body=body, content_type="application/xml")
-        headers = {"ETag": '"fake"', "Accept-Ranges": "bytes"}
+        # the ETag names the content only where conditions are checked against it (hashing
+        # would cost a whole read of a large object the client reads 4 KB of)
+        etag = _etag(path.read_bytes()) if self.honour_conditions else '"fake"'
+        headers = {"ETag": etag, "Accept-Ranges": "bytes"}
+        if self.checksum_header is not None:
+            headers["x-amz-checksum-crc32"] = self.checksum_header
         size = path.stat().st_size
         if request.method == "HEAD":
+            self.heads += 1
             return web.Response(status=200, headers={**headers, "Content-Length": str(size)})
         self.gets += 1
         match = _RANGE.fullmatch(request.headers.get("Range", ""))
@@ -90,8 +124,28 @@ class FakeS3:
         if self.mode == "shift":
             start, end = start + self.shift, min(len(data), end + self.shift)
         self.body_bytes += end - start
-        headers["Content-Range"] = f"bytes {start}-{end - 1}/{len(data)}"
-        return web.Response(status=206, body=data[start:end], headers=headers)
+        if self.mode not in ("bare_range", "no_content_range"):
+            headers["Content-Range"] = f"bytes {start}-{end - 1}/{len(data)}"
+        status = {"range_as_200": 200, "bare_range": 200, "status_203": 203}.get(self.mode, 206)
+        return web.Response(status=status, body=data[start:end], headers=headers)
+
+    async def _put(self, request: web.Request, path: Path) -> web.Response:
+        """Write the object; the conditions are checked only if ``honour_conditions``."""
+        self.put_headers.append(dict(request.headers))
+        self.put_keys.append(str(path.relative_to(self.root)))
+        body = await request.read()
+        current = _etag(path.read_bytes()) if path.is_file() else None
+        if self.honour_conditions:
+            if_none = request.headers.get("If-None-Match")
+            if_match = request.headers.get("If-Match")
+            if (if_none == "*" and current is not None) or (
+                if_match is not None and if_match != current
+            ):
+                error = b"<Error><Code>PreconditionFailed</Code><Message>no</Message></Error>"
+                return web.Response(status=412, body=error, content_type="application/xml")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(body)
+        return web.Response(status=200, headers={"ETag": _etag(body)})
 
     async def _whole(
         self, request: web.Request, path: Path, size: int, headers: dict[str, str]
@@ -118,6 +172,10 @@ class FakeS3:
     def close(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+
+
+def _etag(data: bytes) -> str:
+    return f'"{hashlib.md5(data).hexdigest()}"'
 
 
 def _free_port() -> int:

@@ -7,6 +7,9 @@ instead, with credentials from ``RANGESTREAM_TEST_S3_KEY`` / ``RANGESTREAM_TEST_
 ``AWS_DEFAULT_REGION`` (default us-east-1) and bucket from ``RANGESTREAM_TEST_S3_BUCKET``
 (default ``rangestream-tests``).
 
+The ``s3_core`` tests also run against moto server and rclone ``serve s3``, one process
+each per session, started only when such a case runs (``support.s3_matrix``).
+
 Nothing here ever skips: if no S3 endpoint can be had, the tests that need one error out, so a
 CI run cannot pass green with its S3 coverage silently missing.
 """
@@ -24,7 +27,9 @@ from typing import Any
 import pytest
 import s3fs
 
+from support.s3_matrix import NO_SERVER, SEAWEEDFS
 from testkit import DEFAULT_REGION, LatencyProxy, S3Endpoint, SeaweedFSServer
+from testkit.s3_servers import LocalS3Server, server_of_kind
 
 __all__ = [
     "DEFAULT_TEST_BUCKET",
@@ -35,6 +40,8 @@ __all__ = [
     "bucket_name_from_env",
     "external_endpoint_from_env",
     "location",
+    "moto_s3_server",
+    "rclone_s3_server",
     "s3_bucket",
     "s3_proxy",
     "s3_server",
@@ -112,20 +119,46 @@ def seaweedfs_server() -> Iterator[SeaweedFSServer]:
 
 
 @pytest.fixture(scope="session")
+def moto_s3_server() -> Iterator[LocalS3Server]:
+    """moto's server for the session (the ``s3_core`` tests' "moto" case)."""
+    with server_of_kind("moto") as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def rclone_s3_server() -> Iterator[LocalS3Server]:
+    """rclone ``serve s3`` for the session (the ``s3_core`` tests' "rclone" case)."""
+    with server_of_kind("rclone") as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
 def s3_server(request: pytest.FixtureRequest) -> S3Endpoint:
-    """The session's S3 endpoint: external if configured, else the local SeaweedFS."""
+    """The session's S3 endpoint: external if configured, else the local SeaweedFS; for
+    ``s3_core`` tests also moto's and rclone's (``support.s3_matrix`` parametrises them)."""
+    kind = getattr(request, "param", SEAWEEDFS)
+    if kind == NO_SERVER:  # the "local" case of a matrix test: nothing is started
+        return None  # type: ignore[return-value]
+    if kind != SEAWEEDFS:
+        server: LocalS3Server = request.getfixturevalue(f"{kind}_s3_server")
+        return server.endpoint
     external = external_endpoint_from_env()
     if external is not None:
         return external
-    server: SeaweedFSServer = request.getfixturevalue("seaweedfs_server")
-    return server.endpoint
+    seaweedfs: SeaweedFSServer = request.getfixturevalue("seaweedfs_server")
+    return seaweedfs.endpoint
+
+
+_created_buckets: set[tuple[str, str]] = set()
 
 
 @pytest.fixture(scope="session")
 def s3_bucket(s3_server: S3Endpoint) -> str:
-    """Name of the session's test bucket, created once and ready for writes."""
+    """Name of the session's test bucket, created once per endpoint and ready for writes."""
     name = bucket_name_from_env()
-    s3_server.create_bucket(name)
+    if s3_server is not None and (s3_server.endpoint_url, name) not in _created_buckets:
+        s3_server.create_bucket(name)
+        _created_buckets.add((s3_server.endpoint_url, name))
     return name
 
 

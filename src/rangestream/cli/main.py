@@ -10,6 +10,7 @@ a client library the library did not foresee) is shown as its type and message.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import re
 import sys
@@ -40,6 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for module in (convert, demo, inspect, verify, gc, cache):
         module.register(commands)
     arguments = parser.parse_args(argv)
+    handler = _show_warnings(arguments.command)
     try:
         return int(arguments.run(arguments) or 0)
     except KeyboardInterrupt as interrupted:
@@ -53,11 +55,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.environ.get(DEBUG_ENVIRONMENT):
             raise
         _fail(arguments.command, f"{type(error).__name__}: {error}")
+    finally:
+        if handler is not None:
+            logging.getLogger("rangestream").removeHandler(handler)
     return EXIT_FAILED
 
 
 #: ``overwrite=True (--overwrite)`` in a library message: the command shows the flag only.
 _ARGUMENT_AND_FLAG = re.compile(r"\b[a-z_]+=(?:True|'[a-z]+')\s+\((--[a-z-]+)\)")
+
+
+def _show_warnings(command: str) -> logging.Handler | None:
+    """Print the library's warnings (an endpoint retried while unreachable) on stderr,
+    prefixed as the command's other messages are; a logging setup of the caller's wins.
+    Returns the handler added, which ``main`` removes when the command ends."""
+    logger = logging.getLogger("rangestream")
+    if logger.handlers or logging.getLogger().handlers:
+        return None
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(f"rangestream {command}: %(message)s"))
+    handler.setLevel(logging.WARNING)
+    logger.addHandler(handler)
+    return handler
 
 
 def _fail(command: str, message: str) -> None:

@@ -109,8 +109,12 @@ class FsspecStore(ObjectStore):
                 await made.set_session()
             return made
 
-        fs = by_loop[loop] = await shared_client(options_key(self.protocol, options), make)
+        fs = by_loop[loop] = await shared_client(self._shared_key(options), make)
         return fs
+
+    def _shared_key(self, options: dict[str, Any]) -> str:
+        """What makes two stores' filesystems interchangeable: the protocol and options."""
+        return options_key(self.protocol, options)
 
     async def connect(self, *, writes: bool = False) -> None:
         await self._fs()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import random
 import socket
 import time
@@ -246,8 +247,36 @@ async def retrying(
         except Exception as error:
             if not is_transient(error):
                 raise StorageError(f"{where} failed: {error}") from error
+            if is_unreachable(error):
+                announce_unreachable(where, error, deadline)
             last_error = error
     raise _gave_up(policy, where, last_error, made)
+
+
+#: Seconds between two notices of an unreachable endpoint (one process, any endpoint).
+UNREACHABLE_NOTICE_INTERVAL = 30.0
+_log = logging.getLogger("rangestream.retry")
+_last_notice = [-UNREACHABLE_NOTICE_INTERVAL]
+
+
+def announce_unreachable(where: str, error: BaseException, deadline: float) -> None:
+    """Say, at the first failed attempt, that an endpoint cannot be reached and is retried.
+
+    Retries ride out an outage for up to ``total_timeout`` (two minutes by default): without
+    a word, a command or a training run looked hung all that time. A warning of the
+    ``rangestream.retry`` logger (shown on stderr by the CLI, and by Python's last-resort
+    handler when logging is not configured), at most one per ``UNREACHABLE_NOTICE_INTERVAL``.
+    """
+    now = time.monotonic()
+    if now - _last_notice[0] < UNREACHABLE_NOTICE_INTERVAL:
+        return
+    _last_notice[0] = now
+    _log.warning(
+        "cannot reach the object store for %s (%s); retrying for up to %.0f s more",
+        where,
+        " ".join(str(error).split()) or type(error).__name__,
+        max(0.0, deadline - now),
+    )
 
 
 def _gave_up(

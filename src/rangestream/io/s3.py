@@ -4,9 +4,11 @@ Reads go through one of two read paths, chosen once per store: the lean aiohttp 
 ``s3_client`` (the default: a fraction of s3fs's CPU per request), or s3fs's own
 ``get_object`` when the storage options ask for something the lean client does not
 reproduce (``requester_pays``, SSE-C, a ``profile``, ...) or ``RANGESTREAM_S3_READS=s3fs``
-says so. Both check every answer to a range request the same way (``ranged_body``): the
-status, the ``Content-Range`` of a 206, and at most the bytes asked for of a 200 from a
-server that ignored the range, so a wrong answer can never pass for the bytes asked for.
+says so. Both check every answer to a range request the same way (``range_answers``): the
+status, the ``Content-Range`` of a 206 (or of a 200 carrying only the range, as rclone
+answers), and at most the bytes asked for of a 200 from a server that ignored the range,
+sliced only once a HEAD says it is the whole object, so a wrong answer can never pass for
+the bytes asked for.
 Listings of keys (``list``, and so ``delete_prefix``'s) take the read path too: the lean
 client's ListObjectsV2 reads only the keys. Writes, deletes and listings with sizes and
 times (``list_details``) always go through s3fs (``FsspecStore``).
@@ -16,15 +18,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import weakref
 from typing import Any
 
+from rangestream.io import conditional_writes
+from rangestream.io.conditional_writes import s3_error_of
 from rangestream.io.fsspec_store import FsspecStore, options_key, shared_client
 from rangestream.io.process import ProcessLocal
-from rangestream.io.s3_client import S3ReadClient, ranged_body
-from rangestream.io.s3_options import S3ReadConfig, lean_read_config, lean_reads_enabled
+from rangestream.io.range_answers import needs_object_size, ranged_body, suffix_body
+from rangestream.io.s3_client import S3ReadClient
+from rangestream.io.s3_options import (
+    S3ReadConfig,
+    aws_environment_key,
+    lean_read_config,
+    lean_reads_enabled,
+)
 
 __all__ = ["S3Store"]
+
+#: botocore's checksum settings (config name, environment variable), "when_required" here.
+_CHECKSUM_SETTINGS = (
+    ("request_checksum_calculation", "AWS_REQUEST_CHECKSUM_CALCULATION"),
+    ("response_checksum_validation", "AWS_RESPONSE_CHECKSUM_VALIDATION"),
+)
 
 
 class S3Store(FsspecStore):
@@ -50,8 +67,20 @@ class S3Store(FsspecStore):
         config.setdefault("max_pool_connections", 128)
         config.setdefault("connect_timeout", 5)
         config.setdefault("read_timeout", 30)
+        # botocore's default ("when_supported") adds CRC32 trailers to every upload and
+        # validates any checksum header of a GET: servers that implement neither, or not
+        # exactly (rclone serve s3: FlexibleChecksumError), then refuse or fail every call.
+        # The dataset's own crc32c checks every chunk read, whatever the transport did.
+        for name, env in _CHECKSUM_SETTINGS:
+            if not os.environ.get(env):  # a setting in the environment is the user's own
+                config.setdefault(name, "when_required")
         options["config_kwargs"] = config
         return options
+
+    def _shared_key(self, options: dict[str, Any]) -> str:
+        # botocore also reads the AWS_* environment (and the config files it names): two
+        # stores with the same options may still go to different endpoints or regions
+        return options_key(self.protocol, options) + aws_environment_key()
 
     def _prepare(self, fs: Any) -> None:
         fs.retries = 1  # s3fs retries some errors itself; ours are counted instead
@@ -113,20 +142,6 @@ class S3Store(FsspecStore):
         self._reads.forget_loop()
 
     # -- object versions, conditional writes (commit) ------------------------------------
-    @staticmethod
-    def _s3_error(error: BaseException) -> tuple[str | None, int | None]:
-        """The S3 error code and HTTP status behind an s3fs exception, if any."""
-        current: BaseException | None = error
-        for _ in range(8):
-            response = getattr(current, "response", None)
-            if isinstance(response, dict):
-                status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
-                return (response.get("Error") or {}).get("Code"), status
-            if current is None:
-                break
-            current = current.__cause__ or current.__context__
-        return None, None
-
     async def get_versioned(self, key: str, max_nbytes: int) -> tuple[bytes, str]:
         fs, (bucket, object_key) = await self._fs(), self.bucket_key(key)
         try:  # one bounded GET: the ETag of a range names the whole object's version
@@ -134,7 +149,7 @@ class S3Store(FsspecStore):
                 "get_object", Bucket=bucket, Key=object_key, Range=f"bytes=0-{max_nbytes - 1}"
             )
         except OSError as error:
-            if self._s3_error(error)[1] != 416:
+            if s3_error_of(error)[1] != 416:
                 raise
             response = await fs._call_s3("get_object", Bucket=bucket, Key=object_key)  # empty
         body = response["Body"]
@@ -144,28 +159,58 @@ class S3Store(FsspecStore):
             body.close()
         return bytes(data), str(response["ETag"])
 
+    def endpoint(self, fs: Any) -> str:
+        """The endpoint s3fs's client resolved (what conditional writes are proved for)."""
+        meta = getattr(getattr(fs, "s3", None), "meta", None)
+        return str(getattr(meta, "endpoint_url", None) or "the configured S3 endpoint")
+
     async def put_if_version(
         self, key: str, data: bytes, version: str | None, max_nbytes: int
     ) -> None:
+        """An ``If-Match`` / ``If-None-Match`` PUT, once the server is proved to honour them.
+
+        Where it does not (``conditional_writes``), refused with
+        ``ConditionalWritesUnsupportedError``, or, if the user declared one writer at a time,
+        checked then written as ``ObjectStore.put_if_version`` does.
+        """
         from rangestream.errors import ConcurrentWriteError
 
-        condition = {"IfNoneMatch": "*"} if version is None else {"IfMatch": version}
         fs, (bucket, object_key) = await self._fs(), self.bucket_key(key)
+        endpoint = self.endpoint(fs)
+
+        async def call(method: str, **kwargs: Any) -> Any:
+            return await fs._call_s3(method, **kwargs)
+
+        refused = await conditional_writes.refusal(
+            lambda **kwargs: call("put_object", **kwargs),
+            lambda **kwargs: call("delete_object", **kwargs),
+            endpoint,
+            bucket,
+            self.bucket_key("")[1],
+        )
+        if refused is not None:
+            if conditional_writes.single_writer_declared():
+                await super().put_if_version(key, data, version, max_nbytes)
+                return
+            raise conditional_writes.unsupported(endpoint, bucket, refused)
+        condition = {"IfNoneMatch": "*"} if version is None else {"IfMatch": version}
         try:
-            await fs._call_s3(
-                "put_object", Bucket=bucket, Key=object_key, Body=bytes(data), **condition
-            )
+            await call("put_object", Bucket=bucket, Key=object_key, Body=bytes(data), **condition)
         except OSError as error:
-            code, status = self._s3_error(error)
-            if status in (409, 412) or code in {"PreconditionFailed", "ConditionalRequestConflict"}:
+            if conditional_writes.is_condition_refusal(error):
                 raise ConcurrentWriteError(
                     f"{self.describe(key)} changed since it was read"
                 ) from error
             if version is not None and isinstance(error, FileNotFoundError):
                 raise ConcurrentWriteError(f"{self.describe(key)} was deleted") from error
+            code, status = s3_error_of(error)
             if status != 501 and code != "NotImplemented":
                 raise
-            await super().put_if_version(key, data, version, max_nbytes)  # no conditions here
+            what = f"answers HTTP {status} {code} to conditional writes"
+            conditional_writes.remember(endpoint, bucket, what)
+            if not conditional_writes.single_writer_declared():
+                raise conditional_writes.unsupported(endpoint, bucket, what) from error
+            await super().put_if_version(key, data, version, max_nbytes)
 
 
 class _LeanReads:
@@ -174,7 +219,7 @@ class _LeanReads:
     def __init__(self, store: S3Store, config: S3ReadConfig) -> None:
         self.store = store
         self.config = config
-        self.key = "lean-reads:" + options_key(store.protocol, store._options())
+        self.key = "lean-reads:" + store._shared_key(store._options())
         self._clients = ProcessLocal[weakref.WeakKeyDictionary[Any, S3ReadClient]]()
 
     async def client(self) -> S3ReadClient:
@@ -243,7 +288,8 @@ class _S3fsReads:
 
     async def _get_object(
         self, key: str, limit: int | None, **kwargs: Any
-    ) -> tuple[int, Any, bytes]:
+    ) -> tuple[int, dict[str, Any], bytes]:
+        """(status, the answer's fields, body): at most ``limit`` bytes of a 200."""
         fs = await self.store._fs()
         bucket, object_key = self.store.bucket_key(key)
         answer = await fs._call_s3("get_object", Bucket=bucket, Key=object_key, **kwargs)
@@ -251,28 +297,59 @@ class _S3fsReads:
         body = answer["Body"]
         try:
             if status == 200 and limit is not None:
-                data = await body.read(limit)  # a server that ignored the range: no more
+                # a server that may have ignored the range: no more than asked for; one
+                # read(n) returns what has arrived, up to n, so read until there is enough
+                pieces, remaining = [], limit
+                while remaining > 0 and (piece := await body.read(remaining)):
+                    pieces.append(piece)
+                    remaining -= len(piece)
+                data = b"".join(pieces)
             else:
                 data = await body.read()
         finally:
             body.close()
-        return status, answer.get("ContentRange"), data
+        return status, answer, data
 
     async def get_range(self, key: str, start: int, end: int) -> bytes:
         try:
-            status, content_range, body = await self._get_object(
+            status, answer, body = await self._get_object(
                 key, end, Range=f"bytes={start}-{end - 1}"
             )
         except OSError as error:
             if _is_invalid_range(error):
                 return b""  # the range starts past the object's end
             raise
-        return ranged_body(status, content_range, body, start, end, self.store.describe(key))
+        content_range = answer.get("ContentRange")
+        object_size = None
+        if needs_object_size(status, content_range, start):
+            fs, (bucket, object_key) = await self.store._fs(), self.store.bucket_key(key)
+            head = await fs._call_s3("head_object", Bucket=bucket, Key=object_key)
+            object_size = int(head["ContentLength"])
+        announced = answer.get("ContentLength")
+        return ranged_body(
+            status,
+            content_range,
+            body,
+            start,
+            end,
+            self.store.describe(key),
+            announced=int(announced) if announced is not None else None,
+            object_size=object_size,
+        )
 
     async def get_suffix(self, key: str, nbytes: int) -> bytes:
         if nbytes <= 0:
             return b""
-        return bytes(await self.store._call("cat_file", self.store._path(key), start=-nbytes))
+        try:
+            status, answer, body = await self._get_object(key, None, Range=f"bytes=-{nbytes}")
+        except OSError as error:
+            if not _is_invalid_range(error):
+                raise
+            # an empty object (no last byte to count from), or a suffix longer than the
+            # object on a server that refuses it (rclone): the whole object is the answer
+            status, answer, body = await self._get_object(key, None)
+        return suffix_body(status, answer.get("ContentRange"), body, nbytes,
+                           self.store.describe(key))  # fmt: skip
 
     async def get(self, key: str) -> bytes:
         return bytes(await self.store._call("cat_file", self.store._path(key)))

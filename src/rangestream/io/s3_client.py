@@ -30,6 +30,7 @@ from typing import Any
 from urllib.parse import quote
 from xml.etree import ElementTree
 
+from rangestream.io.range_answers import needs_object_size, ranged_body, suffix_body
 from rangestream.io.retry import ShortReadError, WrongRangeError
 from rangestream.io.s3_options import S3ReadConfig, chain_credentials, static_credentials
 from rangestream.io.sigv4 import SigV4Signer
@@ -39,8 +40,6 @@ __all__ = [
     "S3RequestError",
     "S3TransientError",
     "WrongRangeError",
-    "parse_content_range",
-    "ranged_body",
 ]
 
 _TRANSIENT_CODES = frozenset(
@@ -57,7 +56,6 @@ _TRANSIENT_CODES = frozenset(
 )
 _ERROR_CODE = re.compile(rb"<Code>([^<]*)</Code>")
 _ERROR_MESSAGE = re.compile(rb"<Message>([^<]*)</Message>")
-_CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 _DNS_BUCKET = re.compile(r"^[a-z0-9][a-z0-9-]{1,61}[a-z0-9]$")
 
 
@@ -93,12 +91,19 @@ class S3ReadClient:
         self._url_class = URL
         self._aws_endpoint = config.endpoint_url is None
         self._bucket_regions: dict[str, str] = {}
+        self._sizes: dict[tuple[str, str, str], int] = {}
         self._static = None if config.anon else static_credentials(config)
         self._signers: dict[str, SigV4Signer] = {}
+        ssl: Any = True
+        if config.ca_bundle:  # the certificates botocore trusts for the same endpoint
+            import ssl as ssl_module
+
+            ssl = ssl_module.create_default_context(cafile=config.ca_bundle)
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(
-                limit=config.max_connections, limit_per_host=0, ttl_dns_cache=300
+                limit=config.max_connections, limit_per_host=0, ttl_dns_cache=300, ssl=ssl
             ),
+            trust_env=True,  # HTTP(S)_PROXY / NO_PROXY, as botocore uses them
             timeout=aiohttp.ClientTimeout(
                 total=None, sock_connect=config.connect_timeout, sock_read=config.read_timeout
             ),
@@ -117,35 +122,55 @@ class S3ReadClient:
     async def get_range(self, bucket: str, key: str, start: int, end: int) -> bytes:
         """Bytes ``[start, end)``; fewer only if the object ends first (``b""`` past its end).
 
-        A server that ignores the range answers 200 with the whole object: only its first
-        ``end`` bytes are read (the connection is dropped, not drained), then sliced.
+        The answer is checked (``range_answers``). A server that ignores the range answers
+        200 with the whole object: only its first ``end`` bytes are read (the connection is
+        dropped, not drained), then sliced if a HEAD confirms it is the whole object.
         """
         if end <= start:
             return b""
         status, headers, body = await self._send(
             "GET", bucket, key, {"Range": f"bytes={start}-{end - 1}"}, limit=end
         )
-        return ranged_body(status, headers.get("Content-Range"), body, start, end,
-                           f"s3://{bucket}/{key}")  # fmt: skip
+        content_range = headers.get("Content-Range")
+        announced = headers.get("Content-Length")
+        object_size = None
+        if needs_object_size(status, content_range, start):
+            object_size = await self._whole_size(bucket, key, headers.get("ETag"))
+        return ranged_body(
+            status,
+            content_range,
+            body,
+            start,
+            end,
+            f"s3://{bucket}/{key}",
+            announced=int(announced) if announced is not None else None,
+            object_size=object_size,
+        )
+
+    async def _whole_size(self, bucket: str, key: str, etag: str | None) -> int:
+        """The size of the object, known per version (ETag): one HEAD per object of a
+        server that ignores ranges, not one per read."""
+        if etag is not None and (bucket, key, etag) in self._sizes:
+            return self._sizes[bucket, key, etag]
+        _, headers, _ = await self._send("HEAD", bucket, key, {})
+        size = int(headers["Content-Length"])
+        if etag is not None and headers.get("ETag") == etag:
+            if len(self._sizes) >= 4096:
+                self._sizes.clear()
+            self._sizes[bucket, key, etag] = size
+        return size
 
     async def get_suffix(self, bucket: str, key: str, nbytes: int) -> bytes:
         """The last ``nbytes`` bytes (all of them if the object is shorter)."""
         if nbytes <= 0:
             return b""
         status, headers, body = await self._send("GET", bucket, key, {"Range": f"bytes=-{nbytes}"})
-        if status == 416:  # an empty object has no last byte to count from
-            return b""
-        if status == 200:
-            return body[-nbytes:]
-        first, last, total = parse_content_range(
-            headers.get("Content-Range"), f"s3://{bucket}/{key}"
-        )
-        if len(body) != last - first + 1 or (total is not None and last != total - 1):
-            raise ShortReadError(
-                f"s3://{bucket}/{key}: asked for the last {nbytes} bytes, got "
-                f"{headers.get('Content-Range')!r} with {len(body)} bytes"
-            )
-        return body
+        if status == 416 and (headers.get("Content-Range") or "").strip() != "bytes */0":
+            # a suffix longer than a non-empty object: S3 answers the whole object, rclone
+            # answers 416; the whole object is what was asked for
+            status, headers, body = await self._send("GET", bucket, key, {})
+        return suffix_body(status, headers.get("Content-Range"), body, nbytes,
+                           f"s3://{bucket}/{key}")  # fmt: skip
 
     async def get(self, bucket: str, key: str) -> bytes:
         _, _, body = await self._send("GET", bucket, key, {})
@@ -348,48 +373,6 @@ async def _read_at_most(response: Any, limit: int) -> bytes:
         parts.append(part)
         remaining -= len(part)
     return b"".join(parts)
-
-
-def parse_content_range(value: str | None, where: str) -> tuple[int, int, int | None]:
-    """``(first, last, total)`` of a ``Content-Range: bytes a-b/n`` header (``n`` may be ``*``)."""
-    match = _CONTENT_RANGE.fullmatch(value or "")
-    if match is None:
-        raise ShortReadError(f"{where}: a 206 answer without a usable Content-Range ({value!r})")
-    total = None if match.group(3) == "*" else int(match.group(3))
-    return int(match.group(1)), int(match.group(2)), total
-
-
-def ranged_body(
-    status: int, content_range: str | None, body: bytes, start: int, end: int, where: str
-) -> bytes:
-    """The bytes ``[start, end)`` of an answer to a range request, checked.
-
-    Every S3 read path calls this: a 206 must carry the range asked for (a server that
-    answers another range must never pass for the one asked); a 200 is the whole object,
-    of which the caller read at most ``end`` bytes; a 416 means the range starts past the
-    object's end (``b""``).
-    """
-    if status == 416:
-        return b""
-    if status == 200:  # the server ignored the range (or the object is empty)
-        return body[start:end]
-    first, last, total = parse_content_range(content_range, where)
-    if first != start or last >= end:
-        raise WrongRangeError(
-            f"{where}: asked for bytes {start}-{end - 1}, the server answered {content_range!r}"
-            ": another range than asked (refused: its bytes would pass for the ones asked)"
-        )
-    if len(body) != last - first + 1:
-        raise ShortReadError(
-            f"{where}: asked for bytes {start}-{end - 1}, got {content_range!r} with "
-            f"{len(body)} bytes"
-        )
-    if last != end - 1 and (total is None or last != total - 1):
-        raise ShortReadError(
-            f"{where}: asked for bytes {start}-{end - 1}, got {content_range!r}: the answer "
-            "ends early although the object does not"
-        )
-    return body
 
 
 def _error(status: int, body: bytes, where: str) -> OSError:

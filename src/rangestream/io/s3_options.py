@@ -10,12 +10,19 @@ s3fs, so choosing the lean path never changes what a read does.
   ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_SESSION_TOKEN``, else botocore's
   credential chain (profiles, SSO, instance roles...), resolved once per process and only
   when needed; refreshable credentials are frozen per request. ``anon=True``: unsigned.
-- Endpoint: ``endpoint_url`` or ``client_kwargs.endpoint_url``, else ``AWS_ENDPOINT_URL_S3`` /
-  ``AWS_ENDPOINT_URL``, else ``https://s3.<region>.amazonaws.com``. Region:
-  ``client_kwargs.region_name`` / ``config_kwargs.region_name``, else ``AWS_REGION`` /
-  ``AWS_DEFAULT_REGION``, else ``us-east-1``.
+- What the options leave out is resolved by botocore's own session, as for s3fs's writes
+  (``botocore_configuration``): the endpoint (``endpoint_url`` or
+  ``client_kwargs.endpoint_url``, else ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``, else
+  the profile's ``services`` section or ``endpoint_url``, else
+  ``https://s3.<region>.amazonaws.com``); the region (``client_kwargs.region_name`` /
+  ``config_kwargs.region_name``, else ``AWS_DEFAULT_REGION`` or the profile's ``region``,
+  else ``us-east-1``); the certificates to trust (``AWS_CA_BUNDLE`` or the profile's
+  ``ca_bundle``); the addressing style.
 - Addressing: path-style on custom endpoints; virtual-hosted on AWS for DNS-compatible bucket
-  names (``config_kwargs={"s3": {"addressing_style": "path" | "virtual"}}`` forces either).
+  names (``config_kwargs={"s3": {"addressing_style": "path" | "virtual"}}``, or the
+  profile's ``s3.addressing_style``, forces either). Proxies: ``HTTP(S)_PROXY`` /
+  ``NO_PROXY`` from the environment, as botocore. A ``profile`` or ``verify`` option keeps
+  reads on s3fs.
 
 Opt out (reads through s3fs): ``RANGESTREAM_S3_READS=s3fs`` in the environment (read when a
 store is made, and inherited by DataLoader workers).
@@ -33,6 +40,8 @@ __all__ = [
     "DEFAULT_REGION",
     "READS_ENV",
     "S3ReadConfig",
+    "aws_environment_key",
+    "botocore_configuration",
     "chain_credentials",
     "lean_read_config",
     "lean_reads_enabled",
@@ -73,8 +82,19 @@ _CLIENT_KWARGS = frozenset(
     }
 )
 #: ``retries`` is accepted and ignored: RangeReader owns retries (the store turns botocore's off).
+#: The checksum settings change nothing here: the lean client neither adds request checksums
+#: to its GETs nor validates the transport's (the dataset's crc32c checks every chunk).
 _CONFIG_KWARGS = frozenset(
-    {"connect_timeout", "read_timeout", "max_pool_connections", "retries", "region_name", "s3"}
+    {
+        "connect_timeout",
+        "read_timeout",
+        "max_pool_connections",
+        "retries",
+        "region_name",
+        "s3",
+        "request_checksum_calculation",
+        "response_checksum_validation",
+    }
 )
 
 
@@ -98,6 +118,8 @@ class S3ReadConfig:
     secret: str | None = field(default=None, repr=False)
     token: str | None = field(default=None, repr=False)
     addressing_style: str = "auto"
+    #: certificates to trust (``AWS_CA_BUNDLE`` / the profile's ``ca_bundle``), else the system's
+    ca_bundle: str | None = None
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
     read_timeout: float = DEFAULT_READ_TIMEOUT
     max_connections: int = DEFAULT_MAX_CONNECTIONS
@@ -135,22 +157,20 @@ def lean_read_config(storage_options: dict[str, Any]) -> S3ReadConfig | None:
     client_endpoint = client_kwargs.get("endpoint_url")
     if top_endpoint and client_endpoint and top_endpoint != client_endpoint:
         return None  # s3fs would refuse or pick one; let it
-    endpoint_url = (
-        top_endpoint
-        or client_endpoint
-        or os.environ.get("AWS_ENDPOINT_URL_S3")
-        or os.environ.get("AWS_ENDPOINT_URL")
-        or None
-    )
+    configured = botocore_configuration()
+    if configured is None:
+        return None  # a shared configuration this client does not reproduce
+    endpoint_url = top_endpoint or client_endpoint or configured.endpoint_url or None
     if endpoint_url is not None and not str(endpoint_url).startswith(("http://", "https://")):
         return None
     region = (
         client_kwargs.get("region_name")
         or config_kwargs.get("region_name")
-        or os.environ.get("AWS_REGION")
-        or os.environ.get("AWS_DEFAULT_REGION")
+        or configured.region
         or DEFAULT_REGION
     )
+    if "addressing_style" not in (config_kwargs.get("s3") or {}):
+        addressing_style = configured.addressing_style or addressing_style
 
     key = credentials.get("key") or credentials.get("username")
     secret = credentials.get("secret") or credentials.get("password")
@@ -180,12 +200,104 @@ def lean_read_config(storage_options: dict[str, Any]) -> S3ReadConfig | None:
             secret=secret,
             token=token,
             addressing_style=addressing_style,
+            ca_bundle=configured.ca_bundle,
             connect_timeout=float(config_kwargs.get("connect_timeout", DEFAULT_CONNECT_TIMEOUT)),
             read_timeout=float(config_kwargs.get("read_timeout", DEFAULT_READ_TIMEOUT)),
             max_connections=int(config_kwargs.get("max_pool_connections", DEFAULT_MAX_CONNECTIONS)),
         )
     except (TypeError, ValueError):
         return None
+
+
+# -- botocore's shared configuration -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BotocoreConfiguration:
+    """What botocore (so s3fs's writes) takes from the environment and the shared config
+    files of the current profile, for an S3 client made without those options."""
+
+    region: str | None
+    endpoint_url: str | None
+    ca_bundle: str | None
+    addressing_style: str | None
+
+
+#: Settings of a profile's ``s3`` section that change where or how requests go, which the
+#: lean client does not reproduce (reads then stay on s3fs).
+_UNREPRODUCED_S3_SETTINGS = frozenset(
+    {"use_accelerate_endpoint", "use_dualstack_endpoint", "use_arn_region",
+     "us_east_1_regional_endpoint", "s3_disable_multiregion_access_points"}
+)  # fmt: skip
+_configurations = ProcessLocal[dict[tuple[tuple[str, str], ...], Any]]()
+
+
+def botocore_configuration() -> BotocoreConfiguration | None:
+    """Region, endpoint, CA bundle and addressing style as botocore resolves them.
+
+    From botocore's own session (so from the same sources, in the same order: ``AWS_*``
+    variables, then the profile of ``AWS_PROFILE`` or ``default`` in ``AWS_CONFIG_FILE``,
+    its ``services`` section included), so reads and writes of one storage go to the same
+    endpoint, signed for the same region, trusting the same certificates. ``None`` when the
+    profile asks for something this client does not do (an accelerate or dual-stack
+    endpoint...). Resolved once per process and environment.
+    """
+    environment = _aws_environment()
+    cache = _configurations.get_or_make(dict)
+    if environment not in cache:
+        cache[environment] = _resolve_botocore_configuration()
+    return cache[environment]  # type: ignore[no-any-return]
+
+
+def _aws_environment() -> tuple[tuple[str, str], ...]:
+    """The ``AWS_*`` variables, and which version of the shared config file botocore reads."""
+    variables = sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_"))
+    path = os.path.expanduser(os.environ.get("AWS_CONFIG_FILE") or "~/.aws/config")
+    try:
+        stat = os.stat(path)
+        version = f"{path}:{stat.st_mtime_ns}:{stat.st_size}"
+    except OSError:
+        version = f"{path}:absent"
+    return (*variables, ("config file", version))
+
+
+def aws_environment_key() -> str:
+    """The ``AWS_*`` environment as a string, for keys of clients shared in a process."""
+    return repr(_aws_environment())
+
+
+def _resolve_botocore_configuration() -> BotocoreConfiguration | None:
+    import copy
+
+    import botocore.session
+
+    session = botocore.session.Session()
+    # as Session.create_client does: a copy of the store with the endpoint provider of s3
+    store = copy.copy(session.get_component("config_store"))
+    session._add_configured_endpoint_provider(client_name="s3", config_store=store)
+    endpoint = None
+    if not store.get_config_variable("ignore_configured_endpoint_urls"):
+        endpoint = store.get_config_variable("endpoint_url")
+    s3 = dict(store.get_config_variable("s3") or {})
+    if any(_truthy(s3.get(name)) for name in _UNREPRODUCED_S3_SETTINGS):
+        return None
+    if store.get_config_variable("use_dualstack_endpoint") or store.get_config_variable(
+        "use_fips_endpoint"
+    ):
+        return None
+    style = s3.get("addressing_style")
+    if style not in (None, "auto", "path", "virtual"):
+        return None
+    return BotocoreConfiguration(
+        region=session.get_config_variable("region") or None,
+        endpoint_url=str(endpoint) if endpoint else None,
+        ca_bundle=session.get_config_variable("ca_bundle") or None,
+        addressing_style=style,
+    )
+
+
+def _truthy(value: Any) -> bool:
+    return str(value).strip().lower() in {"true", "1", "yes"} if value is not None else False
 
 
 # -- credentials -------------------------------------------------------------------------
