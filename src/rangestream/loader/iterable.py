@@ -91,6 +91,9 @@ class BatchIterableDataset(IterableDataset[Any]):
         self.worker_batches = 0
         self._resume: tuple[int, int, int] | None = None
         self._known_num_samples: int | None = None
+        #: What data the positions index (commit, window geometry, sample count): part
+        #: of every state, asked once in the process that builds the loader.
+        self._described: dict[str, Any] | None = None
         self._tagged = False
         self._shared: SharedPosition | None = None
         #: Readers a worker keeps across epochs (with their contexts: collecting a context
@@ -164,7 +167,9 @@ class BatchIterableDataset(IterableDataset[Any]):
         if get_worker_info() is None:
             readers = self.options.world_size * self.workers_per_rank  # type: ignore[operator]
             self.strategy.choose_parameters(self.source, self.num_samples, readers)
-        return self.source.identity()
+            if self._described is None:
+                self._described = self.source.describe_data()
+        return {**self.source.identity(), **(self._described or {})}
 
     def preload(self) -> None:
         """Import the storage's client code now, before DataLoader workers fork."""
@@ -333,12 +338,16 @@ class BatchIterableDataset(IterableDataset[Any]):
         parameters (they were chosen when the order was first made, and define it)."""
         self.source.adopt_order_parameters(state)
         expected = self.state_identity()
-        for key, value in expected.items():
-            if state.get(key) != value:
-                raise StateError(
-                    f"cannot resume: the state has {key}={state.get(key)!r} but this loader "
-                    f"has {key}={value!r}; the remaining samples would differ"
-                )
+        differences = [
+            f"{key}={state.get(key)!r} but this loader has {key}={value!r}"
+            for key, value in expected.items()
+            if state.get(key) != value
+        ]
+        if differences:
+            raise StateError(
+                f"cannot resume: the state has {'; and '.join(differences)}; it was saved "
+                "over other data or another order, and the remaining samples would differ"
+            )
 
     # -- iteration -----------------------------------------------------------------------
 
