@@ -276,10 +276,12 @@ class StatefulDataLoader(StorageConstructors, torchdata.stateful_dataloader.Stat
     def _start_workers(self, start: LoaderPosition) -> Iterator[Any]:
         """The DataLoader's iterator from ``start`` on."""
         self.dataset.start_workers_at(start)
+        self.dataset.iterated_by_loader(True)
         try:
             return super().__iter__()
         finally:
             self.dataset.start_workers_at(None)
+            self.dataset.iterated_by_loader(False)
 
     def _head_start(self) -> bool:
         """Whether the first stretch is read in this process (see :class:`StepIterator`).
