@@ -165,10 +165,13 @@ class FakeStreamDataset(_FakeIndexed):
         *,
         stride: int | None = None,
         next_token: bool = False,
+        boundaries: bool = False,
         delay: float = 0.0,
         fail_at: int | None = None,
         span_bytes: int | None = None,
     ) -> None:
+        if boundaries:
+            raise NotImplementedError("fake windows have no records")
         self.storage = storage
         self.sequence_length = sequence_length
         self.stride = sequence_length if stride is None else stride
@@ -197,7 +200,9 @@ class FakeStreamDataset(_FakeIndexed):
 class FakeDocumentDataset(_FakeIndexed):
     """Same constructor and readers as ``rangestream.dataset.DocumentDataset``."""
 
-    def __init__(self, storage: FakeDocumentStorage) -> None:
+    def __init__(self, storage: FakeDocumentStorage, *, keys: list[str] | None = None) -> None:
+        if keys is not None:
+            raise NotImplementedError("fake documents are arrays, without keys")
         self.storage = storage
         self.delay = 0.0
         self.fail_at = None

@@ -59,6 +59,7 @@ def iterate_as_workers(
 ) -> dict[int, list[int]]:
     """``step -> windows`` of one rank, each worker's share read as that worker would."""
     dataset.tag_steps()
+    dataset.iterated_by_loader(True)  # as the loader's workers iterate it
     dataset.workers_per_rank = workers
     out: dict[int, list[int]] = {}
     for worker in range(workers):

@@ -124,10 +124,20 @@ def test_pad_collate_pads_bare_arrays_with_a_single_pad() -> None:
     assert isinstance(only, torch.Tensor) and only.shape == (2, 2)
 
 
-def test_pad_collate_refuses_to_overwrite_a_sample_field() -> None:
+def test_pad_collate_never_overwrites_a_sample_field() -> None:
     samples = [{"tokens": np.arange(2), "tokens_lengths": 1}]
+    batch = PadCollate({"tokens": Pad()})(samples)
+    assert batch["tokens_lengths"].tolist() == [1]  # the record's own field
+    assert batch["tokens_pad_lengths"].tolist() == [2]
     with pytest.raises(CollateError, match="overwrite"):
-        PadCollate({"tokens": Pad()})(samples)
+        PadCollate({"tokens": Pad(report_key="tokens_lengths")})(samples)
+
+
+def test_pad_collate_keeps_the_dpo_records_own_masks() -> None:
+    records = [{"chosen": np.arange(n), "chosen_mask": np.ones(n, np.uint8) * 7} for n in (2, 3)]
+    batch = PadCollate({"chosen": Pad(report="mask"), "chosen_mask": Pad(report=None)})(records)
+    assert batch["chosen_mask"].tolist() == [[7, 7, 0], [7, 7, 7]]
+    assert batch["chosen_pad_mask"].tolist() == [[True, True, False], [True, True, True]]
 
 
 def test_pad_collate_names_missing_fields() -> None:

@@ -360,6 +360,10 @@ def test_state_dict_is_plain_json_data_that_round_trips() -> None:
         "seed": SEED,
         "kind": "indexed",
         "shuffle": True,
+        "num_samples": 20,
+        "sequence_length": 4,
+        "stride": 4,
+        "next_token": False,
         "batch_size": 4,
         "world_size": 2,
         "rank": 1,
@@ -803,12 +807,15 @@ def pid_collate(samples: list[Any]) -> dict[str, Any]:
     return {**stack_collate(samples), "pid": os.getpid()}
 
 
-def sequential_loader(location: Location, **options: Any) -> StatefulDataLoader:
+def sequential_loader(
+    location: Location, *, write: bool = True, **options: Any
+) -> StatefulDataLoader:
     tokens = np.arange(64 * 40, dtype="<i4")
     storage = StreamStorage(location.url, StreamNumpyFormat(TOKENS),
                             storage_options=location.storage_options)  # fmt: skip
-    with storage.sync_writer(overwrite=True) as writer:
-        writer.append(0, {"tokens": tokens, "loss_mask": (tokens % 2).astype("u1")})
+    if write:  # a resumed loader reads the same version (a rewrite is another commit)
+        with storage.sync_writer(overwrite=True) as writer:
+            writer.append(0, {"tokens": tokens, "loss_mask": (tokens % 2).astype("u1")})
     # runs of 4 batches of 4 windows of 16 tokens; 40 steps per epoch
     return StatefulDataLoader.from_storage(
         storage, pid_collate, sequence_length=16, batch_size=4, num_workers=2,
@@ -881,7 +888,7 @@ def test_a_resume_inside_or_after_the_head_run_continues_exactly(
     seen = [batch_starts(next(iterator)) for _ in range(stop_after)]
     state = interrupted.state_dict()
     del iterator
-    resumed = sequential_loader(location)
+    resumed = sequential_loader(location, write=False)
     resumed.load_state_dict(state)
     rest = [batch_starts(batch) for batch in resumed]
     assert [s for batch in seen + rest for s in batch] == list(range(160))

@@ -313,6 +313,7 @@ def load_as_workers(
 ) -> dict[int, list[tuple[int, int]]]:
     """``step -> samples`` of one rank, each worker's share loaded as that worker would."""
     dataset.tag_steps()
+    dataset.iterated_by_loader(True)  # as the loader's workers iterate it
     dataset.workers_per_rank = workers
     out = {}
     for worker in range(workers):

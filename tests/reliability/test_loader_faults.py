@@ -65,6 +65,7 @@ def run_epoch(url: str, proxy: LatencyProxy) -> Epoch:
         batch_size=BATCH_SIZE,
         num_workers=2,
         shuffle="window",  # a request per window: enough requests for faults to hit
+        token_dtype=None,  # the stored bytes, compared with the ground truth's
     )
     proxy.reset_stats()
     per_worker: dict[int, IOStats] = {}

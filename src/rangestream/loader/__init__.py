@@ -21,6 +21,7 @@ from rangestream.loader.collate import (
 )
 from rangestream.loader.dataloader import STATE_VERSION, StatefulDataLoader
 from rangestream.loader.iterable import BatchIterableDataset
+from rangestream.loader.model_batches import IGNORE_INDEX, DpoCollate, SftCollate, VarlenCollate
 from rangestream.loader.options import DEFAULT_PREFETCH, BatchOptions, resolve_distributed
 from rangestream.loader.orders.block_shuffle import BlockShuffle
 from rangestream.loader.orders.permutation import Permutation, keyed_hash
@@ -40,10 +41,12 @@ from rangestream.loader.sources.temporal import TemporalWindowSource
 
 __all__ = [
     "DEFAULT_PREFETCH",
+    "IGNORE_INDEX",
     "STATE_VERSION",
     "BatchIterableDataset",
     "BatchOptions",
     "BlockShuffle",
+    "DpoCollate",
     "EpochPlan",
     "IndexedSource",
     "LoaderPosition",
@@ -52,9 +55,11 @@ __all__ = [
     "PadCollate",
     "Permutation",
     "SampleSource",
+    "SftCollate",
     "SourceOptions",
     "StatefulDataLoader",
     "TemporalWindowSource",
+    "VarlenCollate",
     "WindowSampler",
     "default_shuffle",
     "keyed_hash",

@@ -18,7 +18,7 @@ not pad):
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -236,15 +236,36 @@ class Pad:
     report : {"lengths", "mask", None}, default "lengths"
         Add ``<field>_lengths`` (``int64``, one per sample) or ``<field>_mask`` (``bool``,
         ``(batch, max_length)``) to the batch, or nothing.
+    report_key : str, optional
+        The batch key of the report. By default ``<field>_<report>``, or
+        ``<field>_pad_<report>`` where the samples have a field of that name already (the
+        dpo preset's records hold ``chosen_mask``, the loss mask): a record's own keys are
+        never overwritten.
     """
 
     axis: int = 0
     value: float | bool = 0
     report: Literal["lengths", "mask"] | None = "lengths"
+    report_key: str | None = None
 
     def __post_init__(self) -> None:
         if self.report not in ("lengths", "mask", None):
             raise CollateError(f"Pad.report must be 'lengths', 'mask' or None, not {self.report!r}")
+
+    def key_for(self, field: str, taken: Collection[str]) -> str:
+        """The batch key of ``field``'s report, given the sample keys ``taken``."""
+        if self.report_key is not None:
+            key = self.report_key
+        else:
+            key = f"{field}_{self.report}"
+            if key in taken:
+                key = f"{field}_pad_{self.report}"
+        if key in taken:
+            raise CollateError(
+                f"PadCollate would overwrite the sample field {key!r} with the {self.report} "
+                f"of {field!r}; give Pad(report_key=...) another name"
+            )
+        return key
 
 
 class PadCollate:
@@ -322,13 +343,7 @@ class PadCollate:
             padded, report = self._pad([sample[key] for sample in samples], spec)
             batch[key] = padded
             if report is not None:
-                extra = f"{key}_{spec.report}"
-                if extra in samples[0]:
-                    raise CollateError(
-                        f"PadCollate would overwrite the sample field {extra!r} with the "
-                        f"{spec.report} of {key!r}; rename one of them"
-                    )
-                batch[extra] = report
+                batch[spec.key_for(str(key), {*samples[0], *batch})] = report
         return batch
 
 

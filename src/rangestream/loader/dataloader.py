@@ -26,6 +26,7 @@ worker exists. What the step iterator may do to its loader is :class:`LoaderStep
 from __future__ import annotations
 
 import multiprocessing
+import os
 import warnings
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -39,6 +40,7 @@ from rangestream.loader.from_storage import StorageConstructors
 from rangestream.loader.iterable import BatchIterableDataset
 from rangestream.loader.position import LoaderPosition
 from rangestream.loader.transport import Bundle, for_transport
+from rangestream.loader.worker_guard import WorkerStart
 
 __all__ = ["STATE_VERSION", "LoaderSteps", "StatefulDataLoader", "StepIterator"]
 
@@ -76,7 +78,7 @@ class StatefulDataLoader(StorageConstructors, torchdata.stateful_dataloader.Stat
         ``next()``) up to 16 more, in this process, so the first batch does not wait for
         the workers to start (they start after those reads). The collate function then
         runs here for those batches. Ignored with ``pin_memory=True``, persistent workers
-        and the block shuffle.
+        and the block shuffle, and with a ``worker_init_fn`` (which runs before any read).
     **kwargs
         Process options of ``torch.utils.data.DataLoader``: ``num_workers``,
         ``persistent_workers``, ``pin_memory``, ``pin_memory_device``, ``timeout``,
@@ -133,6 +135,12 @@ class StatefulDataLoader(StorageConstructors, torchdata.stateful_dataloader.Stat
             dataset.preload()  # and the storage's client code
         if kwargs.get("persistent_workers") and num_workers > 0:
             dataset.share_position()
+        #: The user's ``worker_init_fn``: with one, no batch is read before it ran (the
+        #: head start, which reads in this process, is off).
+        self.user_worker_init = kwargs.get("worker_init_fn")
+        if num_workers > 0:
+            # workers die with this process, whatever kills it (loader.worker_guard)
+            kwargs["worker_init_fn"] = WorkerStart(os.getpid(), self.user_worker_init)
         with warnings.catch_warnings():
             # torchdata 0.11 calls a torch API that torch 2.13 deprecates; nothing to act on.
             warnings.filterwarnings("ignore", message=".*set_vital.*", category=UserWarning)
@@ -268,10 +276,12 @@ class StatefulDataLoader(StorageConstructors, torchdata.stateful_dataloader.Stat
     def _start_workers(self, start: LoaderPosition) -> Iterator[Any]:
         """The DataLoader's iterator from ``start`` on."""
         self.dataset.start_workers_at(start)
+        self.dataset.iterated_by_loader(True)
         try:
             return super().__iter__()
         finally:
             self.dataset.start_workers_at(None)
+            self.dataset.iterated_by_loader(False)
 
     def _head_start(self) -> bool:
         """Whether the first stretch is read in this process (see :class:`StepIterator`).
@@ -279,10 +289,12 @@ class StatefulDataLoader(StorageConstructors, torchdata.stateful_dataloader.Stat
         Worker start-up (fork, imports, torchdata's handshake) takes 20-40 ms; a local
         stretch is read here in about a millisecond. Not with pinned memory (the DataLoader
         pins what workers send), with persistent workers (they are started once) or when
-        switched off.
+        switched off, nor with a ``worker_init_fn`` (it runs in a worker before that worker
+        reads anything; batches read here would skip it).
         """
         return (
             self.head_start
+            and self.user_worker_init is None
             and self.num_workers > 0
             and not self.pin_memory
             and not self.persistent_workers

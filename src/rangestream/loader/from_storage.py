@@ -50,6 +50,9 @@ class StorageConstructors:
         samples_per_epoch: int | None = None,
         run_windows: int | None = None,
         buffer_runs: int | None = None,
+        boundaries: bool = False,
+        keys: Sequence[str] | None = None,
+        token_dtype: str | None = "int64",
         **kwargs: Any,
     ) -> Self:
         """Build a loader over a storage, choosing the sample source by ``storage.kind``.
@@ -104,6 +107,16 @@ class StorageConstructors:
             The block shuffle's windows per run and runs per buffer (``K``); chosen from
             the data when omitted (runs of about 4 MiB, ``K`` up to 8) and then kept in the
             state. A worker holds about ``K`` runs plus its prefetch.
+        boundaries : bool, default False
+            Stream windows carry their records' ``cu_seqlens`` and ``position_ids``
+            (:class:`rangestream.dataset.StreamDataset`); collate them with
+            :class:`rangestream.loader.VarlenCollate` for flash-attention's varlen kernels.
+        keys : sequence of str, optional
+            Documents: read only these keys of each record.
+        token_dtype : str or None, default "int64"
+            Stream windows and documents: integer arrays (token ids, stored as ``uint16``
+            or ``uint32``) come as this dtype, what ``nn.Embedding`` and ``cross_entropy``
+            take; ``None`` keeps the stored dtype. Temporal arrays keep theirs.
         **kwargs
             Further DataLoader process options (see the class).
 
@@ -123,6 +136,9 @@ class StorageConstructors:
                 samples_per_epoch=samples_per_epoch,
                 run_windows=run_windows,
                 buffer_runs=buffer_runs,
+                boundaries=boundaries,
+                keys=keys,
+                token_dtype=token_dtype,
             ),
         )
         options = BatchOptions(
@@ -160,6 +176,9 @@ class StorageConstructors:
         next_token: bool = False,
         fields: Sequence[str] | None = None,
         samples_per_epoch: int | None = None,
+        boundaries: bool = False,
+        keys: Sequence[str] | None = None,
+        token_dtype: str | None = "int64",
         **kwargs: Any,
     ) -> Self:
         """Build a loader over a weighted mixture of storages: ``{storage: weight, ...}``.
@@ -180,7 +199,8 @@ class StorageConstructors:
             windows of one length (stream storages), documents, or temporal windows.
         collate_fn : callable, optional
             As for :meth:`from_storage`.
-        sequence_length, stride, next_token, fields, samples_per_epoch
+        sequence_length, stride, next_token, fields, samples_per_epoch, boundaries, keys,
+        token_dtype
             Every source's options, as for :meth:`from_storage`; ``per_source`` overrides
             them for one source (e.g. ``{code: {"stride": 1024}}``).
         names : mapping of storage to str, optional
@@ -208,6 +228,9 @@ class StorageConstructors:
                 next_token=next_token,
                 fields=fields,
                 samples_per_epoch=samples_per_epoch,
+                boundaries=boundaries,
+                keys=keys,
+                token_dtype=token_dtype,
             ),
             names=names,
             per_source=per_source,

@@ -91,7 +91,15 @@ class BatchIterableDataset(IterableDataset[Any]):
         self.worker_batches = 0
         self._resume: tuple[int, int, int] | None = None
         self._known_num_samples: int | None = None
+        #: What data the positions index (commit, window geometry, sample count): part
+        #: of every state, asked once in the process that builds the loader.
+        self._described: dict[str, Any] | None = None
         self._tagged = False
+        #: Set while a rangestream loader starts its iteration (its workers get copies
+        #: with it set): only then are batches tagged and bundled. Any other consumer (a
+        #: plain DataLoader over ``loader.dataset``, as accelerate builds to skip batches)
+        #: gets plain batches.
+        self._loader_iterating = False
         self._shared: SharedPosition | None = None
         #: Readers a worker keeps across epochs (with their contexts: collecting a context
         #: would close its reader): the sync one for local sources, the async one else.
@@ -164,7 +172,9 @@ class BatchIterableDataset(IterableDataset[Any]):
         if get_worker_info() is None:
             readers = self.options.world_size * self.workers_per_rank  # type: ignore[operator]
             self.strategy.choose_parameters(self.source, self.num_samples, readers)
-        return self.source.identity()
+            if self._described is None:
+                self._described = self.source.describe_data()
+        return {**self.source.identity(), **(self._described or {})}
 
     def preload(self) -> None:
         """Import the storage's client code now, before DataLoader workers fork."""
@@ -333,12 +343,16 @@ class BatchIterableDataset(IterableDataset[Any]):
         parameters (they were chosen when the order was first made, and define it)."""
         self.source.adopt_order_parameters(state)
         expected = self.state_identity()
-        for key, value in expected.items():
-            if state.get(key) != value:
-                raise StateError(
-                    f"cannot resume: the state has {key}={state.get(key)!r} but this loader "
-                    f"has {key}={value!r}; the remaining samples would differ"
-                )
+        differences = [
+            f"{key}={state.get(key)!r} but this loader has {key}={value!r}"
+            for key, value in expected.items()
+            if state.get(key) != value
+        ]
+        if differences:
+            raise StateError(
+                f"cannot resume: the state has {'; and '.join(differences)}; it was saved "
+                "over other data or another order, and the remaining samples would differ"
+            )
 
     # -- iteration -----------------------------------------------------------------------
 
@@ -355,13 +369,18 @@ class BatchIterableDataset(IterableDataset[Any]):
             position.epoch, position.consumed_samples, phases, worker_id, num_workers, done
         )
 
+    def iterated_by_loader(self, iterating: bool) -> None:
+        """Mark the iterations started from now on as the rangestream loader's own."""
+        self._loader_iterating = bool(iterating)
+
     def __iter__(self) -> Iterator[Any]:
-        batches = self._batches()
-        if self._tagged and get_worker_info() is not None:
+        tagged = self._tagged and self._loader_iterating
+        batches = self._batches(tagged)
+        if tagged and get_worker_info() is not None:
             return bundled(batches)  # several batches per message (loader.transport)
         return batches
 
-    def _batches(self) -> Iterator[Any]:
+    def _batches(self, tagged: bool) -> Iterator[Any]:
         worker_id, num_workers = _worker_identity()
         done = 0
         if self._resume is not None:
@@ -375,12 +394,13 @@ class BatchIterableDataset(IterableDataset[Any]):
         self.worker_batches = done
         # The position is fixed now, not when the first batch is asked for.
         start = self.start_for(worker_id, num_workers, done)
+        spec = self._spec(self._built if tagged else self._plain, tagged)
         context = self._sync_context()
         if context is not None:
-            return read_sync(self._spec(self._built), self.strategy, context, start)
-        return BatchIterator(self._spec(self._built), self.strategy, start)
+            return read_sync(spec, self.strategy, context, start)
+        return BatchIterator(spec, self.strategy, start)
 
-    def _spec(self, emit: Callable[[int, Any], Any]) -> ReadSpec:
+    def _spec(self, emit: Callable[[int, Any], Any], tagged: bool | None = None) -> ReadSpec:
         """What an iteration reads, and how it hands batches out (through ``emit``)."""
         options = self.options
         return ReadSpec(
@@ -391,12 +411,17 @@ class BatchIterableDataset(IterableDataset[Any]):
             drop_last=options.drop_last,
             collate=options.collate_fn,  # type: ignore[arg-type]
             prefetch=options.prefetch,
-            tagged=self._tagged,
+            tagged=self._tagged if tagged is None else tagged,
             known_samples=self._known_num_samples,
             open_async=self.async_reader,
             emit=emit,
             note_reader=self.note_reader,
         )
+
+    def _plain(self, step: int, batch: Any) -> Any:
+        """A batch for a consumer other than the loader: untagged, counted."""
+        self.worker_batches += 1
+        return batch
 
     def _built(self, step: int, batch: Any) -> Any:
         """:meth:`emit` of a batch this worker built (counted for its per-worker state)."""

@@ -170,6 +170,9 @@ class MixedSource(SampleSource):
             identity["buffer_runs"] = list(self.buffer_runs)
         return identity
 
+    def describe_data(self) -> dict[str, Any]:
+        return {"source_data": [source.describe_data() for source in self.sources]}
+
     def block_shuffle(self, num_samples: int, readers: int) -> list[BlockShuffle]:
         """Each source's block shuffle (parameters chosen on first use, then kept).
 

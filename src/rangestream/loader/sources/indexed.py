@@ -18,9 +18,47 @@ from rangestream.arguments import positive_integer
 from rangestream.errors import LoaderConfigError
 from rangestream.loader.orders.block_shuffle import DEFAULT_RUN_BYTES, BlockShuffle, buffer_runs_for
 from rangestream.loader.orders.permutation import Permutation
-from rangestream.loader.sources.protocol import EpochPlanning, SampleSource, Shuffle
+from rangestream.loader.sources.protocol import (
+    EpochPlanning,
+    SampleSource,
+    Shuffle,
+    storage_commit,
+)
 
-__all__ = ["SHUFFLES", "IndexedDataset", "IndexedSource", "shuffle_mode"]
+__all__ = ["SHUFFLES", "IndexedDataset", "IndexedSource", "shuffle_mode", "widen_integers"]
+
+#: Fields made by the loader, not read: kept in the dtype their consumer takes
+#: (flash-attention's varlen kernels take ``int32`` ``cu_seqlens``).
+_LOADER_FIELDS = frozenset({"cu_seqlens"})
+
+
+def widen_integers(sample: Any, dtype: np.dtype[Any]) -> Any:
+    """``sample`` with every integer array (plain, structured field, in a dict or tuple)
+    cast to ``dtype``: token ids stored as ``uint16`` go into ``nn.Embedding`` and
+    ``cross_entropy`` as they come. Booleans, floats, bytes and ``cu_seqlens`` stay."""
+    if isinstance(sample, np.ndarray):
+        names = sample.dtype.names
+        if names:
+            wide = np.dtype(
+                [
+                    (name, dtype if sample.dtype[name].kind in "iu" else sample.dtype[name])
+                    for name in names
+                ]
+            )
+            return sample.astype(wide) if wide != sample.dtype else sample
+        if sample.dtype.kind in "iu" and sample.dtype != dtype:
+            return sample.astype(dtype)
+        return sample
+    if isinstance(sample, Mapping):
+        return {
+            key: value if key in _LOADER_FIELDS else widen_integers(value, dtype)
+            for key, value in sample.items()
+        }
+    if isinstance(sample, tuple):
+        items = [widen_integers(item, dtype) for item in sample]
+        return type(sample)(*items) if hasattr(sample, "_fields") else tuple(items)
+    return sample
+
 
 SHUFFLES = tuple(shuffle.mode for shuffle in (Shuffle.BLOCK, Shuffle.WINDOW, Shuffle.NONE))
 """Orders of an indexed source: the block shuffle (runs of windows read whole, mixed within
@@ -74,6 +112,9 @@ class IndexedSource(SampleSource):
     run_windows, buffer_runs : int, optional
         The block shuffle's run length and runs per buffer; chosen from the data and the
         number of readers when omitted, and kept in the loader's state once chosen.
+    token_dtype : str or numpy dtype, optional
+        Cast every integer array of a sample to this dtype as it is read (token ids:
+        ``"int64"`` from ``from_storage``); ``None`` keeps the stored dtype.
     """
 
     def __init__(
@@ -84,8 +125,12 @@ class IndexedSource(SampleSource):
         seed: int = 0,
         run_windows: int | None = None,
         buffer_runs: int | None = None,
+        token_dtype: str | np.dtype[Any] | None = None,
     ) -> None:
         self.dataset = dataset
+        self.token_dtype = None if token_dtype is None else np.dtype(token_dtype)
+        if self.token_dtype is not None and self.token_dtype.kind not in "iu":
+            raise LoaderConfigError(f"token_dtype must be an integer dtype, got {token_dtype!r}")
         #: The order, parsed once from ``shuffle``.
         self.order = Shuffle.parse(shuffle)
         self.planning = _PLANNING[self.order]
@@ -135,6 +180,17 @@ class IndexedSource(SampleSource):
             identity["buffer_runs"] = self.buffer_runs
         return identity
 
+    def describe_data(self) -> dict[str, Any]:
+        described: dict[str, Any] = {"num_samples": self.count()}
+        commit = storage_commit(getattr(self.dataset, "storage", None))
+        if commit is not None:
+            described["commit"] = commit
+        for name in ("sequence_length", "stride", "next_token"):
+            value = getattr(self.dataset, name, None)
+            if isinstance(value, (bool, int)):
+                described[name] = value
+        return described
+
     def count(self) -> int:
         if hasattr(type(self.dataset), "__len__"):
             return len(self.dataset)  # type: ignore[arg-type]
@@ -165,12 +221,18 @@ class IndexedSource(SampleSource):
     def open_async(self) -> AbstractAsyncContextManager[Any]:
         return self.dataset.async_reader()
 
+    def _cast(self, samples: Any) -> list[Any]:
+        dtype = self.token_dtype
+        if dtype is None:
+            return list(samples)
+        return [widen_integers(sample, dtype) for sample in samples]
+
     def read_many_sync(self, reader: Any, requests: list[int]) -> list[Any]:
-        return list(reader.read_many(requests))
+        return self._cast(reader.read_many(requests))
 
     async def read_many(self, reader: Any, requests: list[int]) -> list[Any]:
         # One read_many: the batch's ranges are coalesced (adjacent windows: one request).
-        return list(await reader.read_many(requests))
+        return self._cast(await reader.read_many(requests))
 
     def block_shuffle(self, num_samples: int, readers: int) -> BlockShuffle:
         """The block shuffle of an epoch of ``num_samples`` read by ``readers`` workers.

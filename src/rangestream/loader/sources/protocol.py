@@ -39,7 +39,24 @@ import numpy as np
 from rangestream.errors import LoaderConfigError
 from rangestream.loader.orders.block_shuffle import BlockShuffle
 
-__all__ = ["BlockShuffledSource", "EpochPlanning", "SampleSource", "Shuffle"]
+__all__ = [
+    "BlockShuffledSource",
+    "EpochPlanning",
+    "SampleSource",
+    "Shuffle",
+    "storage_commit",
+]
+
+
+def storage_commit(storage: Any) -> str | None:
+    """The commit id of the version ``storage`` reads (``None`` for storages without
+    committed versions, e.g. test doubles). Opens the storage in this process, once."""
+    opening = getattr(storage, "default_opening", None)
+    get_sync = getattr(opening, "get_sync", None)
+    if not callable(get_sync):
+        return None
+    commit = getattr(getattr(get_sync(), "manifest", None), "commit_id", None)
+    return commit if isinstance(commit, str) else None
 
 
 class Shuffle(enum.Enum):
@@ -173,6 +190,13 @@ class SampleSource(Protocol):
         """Samples of each source among positions ``[start, stop)`` of ``epoch`` (one
         source is named ``"source"``)."""
         return {"source": stop - start}
+
+    def describe_data(self) -> dict[str, Any]:
+        """What data the positions index: the storage's commit, the sample count, the
+        window geometry (``sequence_length``, ``stride``, ``next_token``); a saved state
+        is refused on another (the same position would name other samples). Asked in the
+        process that builds the loader; plain data."""
+        return {}
 
     def window_length(self) -> int | None:
         """Elements per sample of a source of fixed-length windows (mixed windows must

@@ -59,6 +59,9 @@ class SourceOptions:
     samples_per_epoch: int | None = None
     run_windows: int | None = None
     buffer_runs: int | None = None
+    boundaries: bool = False
+    keys: Sequence[str] | None = None
+    token_dtype: str | None = "int64"
 
     def with_values(self, values: dict[str, Any]) -> SourceOptions:
         """These options with ``values`` replacing some (names checked)."""
@@ -137,24 +140,38 @@ def _require_length(kind: str, options: SourceOptions, meaning: str) -> int:
     return options.sequence_length
 
 
-def _indexed(dataset: Any, options: SourceOptions, shuffle: str | bool) -> IndexedSource:
+def _indexed(
+    dataset: Any, options: SourceOptions, shuffle: str | bool, *, tokens: bool = True
+) -> IndexedSource:
+    """An indexed source; ``tokens``: its integers are token ids, cast to
+    ``options.token_dtype`` (not so for temporal records, whose integers are pixels)."""
     return IndexedSource(
         dataset,
         shuffle=shuffle,
         seed=options.seed,
         run_windows=options.run_windows,
         buffer_runs=options.buffer_runs,
+        token_dtype=options.token_dtype if tokens else None,
     )
 
 
 def _stream_builder(kind: str) -> SourceBuilder:
     def build(storage: Any, options: SourceOptions) -> SampleSource:
-        _reject(kind, fields=options.fields, samples_per_epoch=options.samples_per_epoch)
+        _reject(
+            kind,
+            fields=options.fields,
+            samples_per_epoch=options.samples_per_epoch,
+            keys=options.keys,
+        )
         length = _require_length(kind, options, "elements per window")
         from rangestream.dataset import StreamDataset
 
         windows = StreamDataset(
-            storage, length, stride=options.stride, next_token=options.next_token
+            storage,
+            length,
+            stride=options.stride,
+            next_token=options.next_token,
+            boundaries=options.boundaries,
         )
         shuffle = default_shuffle(storage) if options.shuffle is None else options.shuffle
         return _indexed(windows, options, shuffle)
@@ -184,16 +201,19 @@ def _document_builder(storage: Any, options: SourceOptions) -> SampleSource:
         next_token=options.next_token,
         fields=options.fields,
         samples_per_epoch=options.samples_per_epoch,
+        boundaries=options.boundaries,
     )
     shuffle = default_shuffle(storage) if options.shuffle is None else options.shuffle
     from rangestream.dataset import DocumentDataset
 
-    return _indexed(DocumentDataset(storage), options, shuffle)
+    return _indexed(DocumentDataset(storage, keys=options.keys), options, shuffle)
 
 
 def _temporal_builder(storage: Any, options: SourceOptions) -> SampleSource:
     _reject(
         "temporal",
+        boundaries=options.boundaries,
+        keys=options.keys,
         stride=options.stride,
         next_token=options.next_token,
         run_windows=options.run_windows,
@@ -223,6 +243,8 @@ def _temporal_records_builder(records: Any, options: SourceOptions) -> SampleSou
         return _temporal_builder(records, options)
     _reject(
         "temporal_records",
+        boundaries=options.boundaries,
+        keys=options.keys,
         stride=options.stride,
         next_token=options.next_token,
         samples_per_epoch=options.samples_per_epoch,
@@ -232,7 +254,7 @@ def _temporal_records_builder(records: Any, options: SourceOptions) -> SampleSou
     shuffle = _temporal_records_shuffle(options, "whole temporal records are few and large")
     if options.fields is not None:
         records = records.with_fields(options.fields)
-    return _indexed(records, options, shuffle)
+    return _indexed(records, options, shuffle, tokens=False)
 
 
 register_storage_kind("stream", _stream_builder("stream"))

@@ -29,7 +29,7 @@ from rangestream.loader.orders.window_sampler import (
     answer_async,
     check_sampling,
 )
-from rangestream.loader.sources.protocol import SampleSource
+from rangestream.loader.sources.protocol import SampleSource, storage_commit
 
 __all__ = ["TemporalStorage", "TemporalWindowSource"]
 
@@ -141,6 +141,11 @@ class TemporalWindowSource(SampleSource):
             # draws by rejection from the record index: orders saved before differ
             "draws": "index",
         }
+
+    def describe_data(self) -> dict[str, Any]:
+        commit = storage_commit(self.storage)
+        described: dict[str, Any] = {"num_samples": self.count()}
+        return described if commit is None else {**described, "commit": commit}
 
     def _sampler(self, histogram: tuple[np.ndarray, np.ndarray]) -> WindowSampler:
         return WindowSampler(histogram, self.frames, sampling=self.sampling)
