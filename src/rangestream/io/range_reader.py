@@ -199,9 +199,12 @@ class RangeReader:
             timeout=not store.supports_sync_reads,
         )
 
-    async def fetch_range(self, request: RangeRequest) -> bytes:
+    async def fetch_range(self, request: RangeRequest) -> bytes | memoryview:
         """The bytes of one range: ``fetch([request])[0]`` without coalescing or a per-call
-        bound (one request is within any), for the direct path of one-range windows."""
+        bound (one request is within any), for the direct path of one-range windows. The
+        byte cache, when there is one, serves it as it serves ``fetch``."""
+        if self.cache is not None and self.cache.enabled:
+            return (await fetch_through_cache(self, [request], None))[0]
         return await self._fetch_one(request, request.end - request.start)
 
     async def fetch(
