@@ -271,11 +271,11 @@ class ByteCache:
             final = folder / _entry_name(request)
             os.replace(temp, final)  # checked on first use, even by this process
         except OSError as error:
-            try:
+            # the cache is being turned off for this process: a failed clean-up of its
+            # own temp file leaves at most that file, which the next eviction scan removes
+            with suppress(OSError):
                 temp.unlink(missing_ok=True)
                 self._release(nbytes)
-            except OSError:
-                pass
             self._disable(f"writing {temp}", error)
 
     def _remember_url(self, url: str) -> None:
@@ -349,11 +349,10 @@ class ByteCache:
         """Add this process's hits and misses to the directory's ``STATS`` file."""
         if not self.enabled or not any(self._pending):
             return
-        try:
-            with self._locked():
-                self._flush_stats_locked()
-        except OSError:
-            pass
+        # the counts are for people (``rangestream cache``): a directory that cannot take
+        # them loses this flush's counts rather than failing a read
+        with suppress(OSError), self._locked():
+            self._flush_stats_locked()
 
     def _flush_stats_locked(self) -> None:
         with self._mutex:
