@@ -20,7 +20,7 @@ $(VENV)/.installed: pyproject.toml setup.py src/rangestream/layout/_chunked.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "torch==$(TORCH_VERSION)"
-	$(PY) -m pip install --quiet -e ".[torch,ingest,hf,dask,dev]"
+	$(PY) -m pip install --quiet -e ".[torch,ingest,hf,dask,integrations,gcs,azure,dev]"
 	touch $@
 
 install: $(VENV)/.installed
