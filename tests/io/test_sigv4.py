@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import time
 
 import botocore.auth
 import pytest
@@ -80,6 +81,23 @@ def test_without_a_timestamp_it_signs_for_now() -> None:
     stamp = dict(signer.sign("GET", URLS[0], {}))["X-Amz-Date"]
     after = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S")
     assert before <= stamp[:-1] <= after and stamp.endswith("Z")
+
+
+def test_now_is_read_from_the_clock_botocore_reads_not_the_coarse_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The second just begun, as ``time.time()`` and ``datetime.now()`` show it.
+
+    ``time.gmtime()`` without an argument reads C's ``time()``, served by glibc from the
+    coarse clock: for a few milliseconds after each second begins it still names the second
+    before, which made the test above fail now and then. The instant is pinned here, so a
+    signer reading any other clock fails every time.
+    """
+    instant = datetime.datetime(2026, 11, 29, 23, 59, 59, 1000, tzinfo=datetime.UTC)
+    monkeypatch.setattr(time, "time", lambda: instant.timestamp())
+    stamp = dict(SigV4Signer("AKIDEXAMPLE", SECRET, None, "us-east-1").sign("GET", URLS[0], {}))
+    assert stamp["X-Amz-Date"] == "20261129T235959Z"
+    assert "/20261129/us-east-1/s3/aws4_request" in stamp["Authorization"]
 
 
 @pytest.mark.parametrize(

@@ -125,7 +125,10 @@ class SigV4Signer:
             if name.lower() in _RESERVED:
                 raise ValueError(f"SigV4Signer sets the {name} header itself")
         if timestamp is None:
-            timestamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+            # gmtime() without an argument reads C's time(), which glibc serves from the
+            # coarse clock (up to a tick behind): near a second's start it names the second
+            # before the one time.time() and datetime.now() (botocore's clock) already show.
+            timestamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time()))
         out.append(("X-Amz-Date", timestamp))
         if self._token is not None:
             out.append(("X-Amz-Security-Token", self._token))
