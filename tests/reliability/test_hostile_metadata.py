@@ -4,20 +4,25 @@ Fuzzing (hypothesis) covers the root ``zarr.json`` (random JSON, and valid manif
 mutated: wrong types, huge and negative numbers, deep nesting, huge and object dtypes,
 bad commit ids, ``..`` and absolute paths wherever a string becomes a key), array
 layouts, dtypes, chunk indexes and block contents. Every case must end in a
-``RangestreamError`` (or succeed), within a time bound and with bounded memory, and no
-object outside the dataset may be opened.
+``RangestreamError`` (or succeed), with bounded store requests, bytes read and memory, and
+no object outside the dataset may be opened. Counts, not seconds: what hostile metadata
+could do is make the reader request or allocate what it claims instead of what is stored,
+which these bounds catch exactly whatever the machine's load; a case that hangs without
+either is caught by the per-test timeout (``HANG_GUARD``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
+import inspect
 import json
 import logging
+import os
 import pickle
 import pickletools
 import socket
-import time
 import tracemalloc
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -49,10 +54,12 @@ from testkit import S3Endpoint
 
 from .datasets import SMALL, BytesFormat, RawObjects, tokens_storage, write_documents, write_tokens
 
-#: Seconds one fuzz case may take (opening and a few reads of a tiny dataset take ms).
-TIME_BOUND = 2.0
 #: Bytes one fuzz case may allocate at its peak, whatever the metadata claims.
 MEMORY_BOUND = 32 * 1024 * 1024
+#: Seconds a fuzz test may run, its hundreds of cases together, before pytest-timeout stops
+#: it: the guard against a case that hangs without requesting or allocating anything (a
+#: loop over a claimed count). Generous: these tests take well under a minute, even loaded.
+HANG_GUARD = pytest.mark.timeout(240)
 FUZZ = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
@@ -190,35 +197,97 @@ def mutated(draw: st.DrawFn, document: dict[str, Any]) -> bytes:
 # -- harness -------------------------------------------------------------------------------
 
 
-class Bounded:
-    """Runs one fuzz case: only ``RangestreamError`` may escape; time and memory bounded.
+class StoreCounts:
+    """Requests every ``LocalStore`` answers and the bytes it returns (a mapped block counts
+    as a request for its file's bytes): what one fuzz case costs the store, exactly."""
 
-    Memory is traced during the case only (tracing hypothesis itself would triple the
-    suite's time); numpy reports its buffers to tracemalloc too.
-    """
+    READS = ("get_range_sync", "get_suffix_sync", "get_sync", "_get_versioned_sync")
+    CALLS = ("size", "exists", "list", "list_details", "list_prefixes", "put_sync")
 
     def __init__(self) -> None:
-        self.cases = 0
+        self.requests = 0
+        self.nbytes = 0
 
-    def __call__(self, case: Callable[[], Any]) -> None:
+    def reset(self) -> None:
+        self.requests = self.nbytes = 0
+
+    def install(self, patch: pytest.MonkeyPatch) -> None:
+        for name in (*self.READS, *self.CALLS, "local_path"):
+            patch.setattr(LocalStore, name, self._counting(name, getattr(LocalStore, name)))
+
+    def _counting(self, name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+        counts = self
+        if inspect.iscoroutinefunction(method):
+
+            async def counted_call(store: LocalStore, *args: Any, **kwargs: Any) -> Any:
+                counts.requests += 1
+                return await method(store, *args, **kwargs)
+
+            return counted_call
+
+        def counted(store: LocalStore, *args: Any, **kwargs: Any) -> Any:
+            counts.requests += 1
+            out = method(store, *args, **kwargs)
+            if name == "local_path":
+                with contextlib.suppress(OSError):  # a missing file is mapped by nobody
+                    counts.nbytes += os.stat(out).st_size
+            elif name in self.READS:
+                counts.nbytes += len(out[0] if isinstance(out, tuple) else out)
+            return out
+
+        return counted
+
+
+def stored(root: Path | None) -> tuple[int, int]:
+    """Objects and bytes under ``root`` as the case finds it (its hostile root included)."""
+    if root is None:
+        return 0, 0
+    sizes = [path.stat().st_size for path in root.rglob("*") if path.is_file()]
+    return len(sizes), sum(sizes)
+
+
+class Bounded:
+    """Runs one fuzz case: only ``RangestreamError`` may escape; requests, bytes read and
+    memory bounded.
+
+    A case reading dataset ``root`` (an open, three reads and a full verify, each a case of
+    its own) may make at most two requests per stored object plus a few, and read each
+    stored byte at most twice: a verify reads every object once, an open reads the root
+    and the shard table. Hostile numbers (a billion shards, a block 2**62 bytes long) must
+    not turn into requests or reads of what is claimed. A case without ``root`` (parsing
+    alone) makes no request at all. Memory is traced during the case only (tracing
+    hypothesis itself would triple the suite's time); numpy reports its buffers to
+    tracemalloc too.
+    """
+
+    def __init__(self, counts: StoreCounts) -> None:
+        self.cases = 0
+        self.counts = counts
+
+    def __call__(self, case: Callable[[], Any], root: Path | None = None) -> None:
+        objects, nbytes = stored(root)
+        self.counts.reset()
         tracemalloc.start()
-        started = time.monotonic()
         try:
             case()
         except RangestreamError as error:
             assert str(error), f"{type(error).__name__} without a message"
         finally:
-            elapsed = time.monotonic() - started
             peak = tracemalloc.get_traced_memory()[1]
             tracemalloc.stop()
-        assert elapsed < TIME_BOUND, f"case took {elapsed:.2f} s"
+        requests, read = self.counts.requests, self.counts.nbytes
+        assert requests <= 2 * objects + 4, f"{requests} requests for {objects} objects"
+        assert read <= 2 * nbytes, f"{read} bytes read of {nbytes} stored"
         assert peak < MEMORY_BOUND, f"case allocated {peak / 2**20:.1f} MiB at its peak"
         self.cases += 1
 
 
 @pytest.fixture(scope="module")
-def bounded() -> Bounded:
-    return Bounded()
+def bounded() -> Iterator[Bounded]:
+    counts = StoreCounts()
+    with pytest.MonkeyPatch.context() as patch:
+        counts.install(patch)
+        yield Bounded(counts)
 
 
 @pytest.fixture(scope="module")
@@ -271,6 +340,7 @@ def assert_inside(paths_seen: list[Path], root: Path) -> None:
 # -- fuzzing -------------------------------------------------------------------------------
 
 
+@HANG_GUARD
 @settings(FUZZ, max_examples=1500)
 @given(document=json_values | hostile_values)
 def test_random_json_as_the_root_document_is_refused_with_a_metadata_error(
@@ -281,6 +351,7 @@ def test_random_json_as_the_root_document_is_refused_with_a_metadata_error(
     bounded(lambda: parse_root(dumps(document), "fuzz/zarr.json"))
 
 
+@HANG_GUARD
 @pytest.mark.parametrize("kind", ["tokens", "documents"])
 def test_mutated_manifests_end_in_library_errors_and_never_leave_the_dataset(
     bounded: Bounded, datasets: dict[str, Path], opened_paths: list[Path], kind: str
@@ -294,8 +365,8 @@ def test_mutated_manifests_end_in_library_errors_and_never_leave_the_dataset(
     @given(document=mutated(original))
     def run(document: bytes) -> None:
         (root / "zarr.json").write_bytes(document)
-        bounded(lambda: exercise(root))
-        bounded(lambda: verify_dataset(str(root)))
+        bounded(lambda: exercise(root), root)
+        bounded(lambda: verify_dataset(str(root)), root)
 
     try:
         run()
@@ -305,6 +376,7 @@ def test_mutated_manifests_end_in_library_errors_and_never_leave_the_dataset(
     exercise(root)  # the dataset itself was never damaged by the cases
 
 
+@HANG_GUARD
 @settings(FUZZ, max_examples=600)
 @given(
     layout=st.fixed_dictionaries(
@@ -328,6 +400,7 @@ def test_array_layouts_and_dtypes_are_parsed_or_refused(bounded: Bounded, layout
 LAYOUT = ArrayLayout(np.dtype("<i8"), (), 8, 64)
 
 
+@HANG_GUARD
 @settings(FUZZ, max_examples=600)
 @given(raw=st.binary(max_size=2 * LAYOUT.index_nbytes), entries=st.lists(st.integers(0, 2**64 - 1)))
 def test_chunk_indexes_and_chunks_of_random_bytes_are_refused(
@@ -342,6 +415,7 @@ def test_chunk_indexes_and_chunks_of_random_bytes_are_refused(
     bounded(lambda: indexed_spans(LAYOUT, index, 0, LAYOUT.chunks_per_block - 1, "fuzz"))
 
 
+@HANG_GUARD
 @pytest.mark.parametrize("kind", ["tokens", "documents"])
 def test_damaged_or_hostile_block_contents_end_in_library_errors(
     bounded: Bounded, datasets: dict[str, Path], kind: str
@@ -380,8 +454,8 @@ def test_damaged_or_hostile_block_contents_end_in_library_errors(
             data = noise
         raw.put(key, data)
         try:
-            bounded(lambda: exercise(root))
-            bounded(lambda: verify_dataset(str(root)))
+            bounded(lambda: exercise(root), root)
+            bounded(lambda: verify_dataset(str(root)), root)
         finally:
             raw.put(key, originals[key])
 
