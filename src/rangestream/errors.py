@@ -89,6 +89,11 @@ class AccessDeniedError(StorageError, PermissionError):
     """The store refused the request: HTTP 403, or file permissions."""
 
 
+class BucketNotFoundError(StorageError, FileNotFoundError):
+    """A write went to a bucket that does not exist (S3 creates none on upload); names the
+    dataset's URL and the bucket."""
+
+
 class ConcurrentWriteError(StorageError):
     """A conditional write was refused: the object is no longer the version it was read as."""
 

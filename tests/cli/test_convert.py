@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,24 @@ def test_convert_reads_and_writes_s3_with_the_endpoint_flag(
     with storage.sync_reader() as reader:
         assert len(reader) == 10
         assert reader.read(9)["chosen_mask"].sum() > 0
+
+
+def test_convert_to_a_missing_bucket_fails_naming_the_bucket_and_the_url(
+    s3_server: S3Endpoint, s3_bucket: str, tmp_path: Path
+) -> None:
+    # s3_bucket: the server must hold a bucket, just not this one
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": "hello"}])
+    url = f"s3://rangestream-missing-{uuid.uuid4().hex[:8]}/x"
+    env = {"AWS_ACCESS_KEY_ID": s3_server.access_key, "AWS_SECRET_ACCESS_KEY": s3_server.secret_key}
+    result = run_convert(
+        [str(source), "--to", url, "--preset", "seq", "--tokenizer", "bytes", "--endpoint-url",
+         s3_server.endpoint_url, "--workers", "0", "--no-progress"],
+        env,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    bucket = url.removeprefix("s3://").split("/")[0]
+    assert f"bucket '{bucket}' of {url} does not exist" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_convert_runs_on_a_dask_scheduler(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from rangestream import (
     StreamWithMetaStorage,
     TemporalArrayStorage,
 )
-from rangestream.errors import DatasetExistsError, ResumeError
+from rangestream.errors import BucketNotFoundError, DatasetExistsError, ResumeError
 from rangestream.formats.records import RecordFormat
 from rangestream.types import StreamWithMetaStorageFormat
 
@@ -86,6 +87,15 @@ def test_a_stream_is_written_in_input_order(location: Location) -> None:
     with summary.storage.sync_reader() as reader:
         assert reader.read(0, len(want))["tokens"].tolist() == want.tolist()
     assert summary.nbytes == len(want) * 5 + 20 * 8  # rows of stream and record_ends
+
+
+def test_a_write_to_a_missing_bucket_names_the_bucket_and_the_url(s3_url: Location) -> None:
+    bucket = f"rangestream-missing-{uuid.uuid4().hex[:8]}"
+    url = f"s3://{bucket}/ds"
+    with pytest.raises(BucketNotFoundError, match=f"bucket '{bucket}' of {url} does not exist"):
+        rangestream.write(tokens_of, range(4), url, kind="stream", storage_format=TOKENS,
+                          workers=0, storage_options=s3_url.storage_options,
+                          progress=False)  # fmt: skip
 
 
 def test_a_generator_fn_writes_each_record_it_yields(tmp_path: Path) -> None:

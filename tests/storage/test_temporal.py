@@ -606,19 +606,41 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> TemporalArrayStorage:
     return TemporalArrayStorage(path)
 
 
+@pytest.mark.parametrize("fields", [None, [], ["pose"], ["features", "valid"]],
+                         ids=["all", "none", "grouped", "two-groups"])  # fmt: skip
 @pytest.mark.parametrize(
     ("start", "frames"),
     [(-1, 5), (0, 38), (30, 8), (37, 1), (0, 0), (3, -2)],
     ids=["negative-start", "past-end", "overhang", "start-at-end", "zero-frames", "negative"],
 )
 def test_a_window_outside_the_record_is_refused_without_padding(
-    written: TemporalArrayStorage, start: int, frames: int
+    written: TemporalArrayStorage, start: int, frames: int, fields: list[str] | None
 ) -> None:
     record = ORDER.index(0)  # 37 frames
     with pytest.raises(WindowError, match=f"record {record}"):
-        written.read_window(record, start, frames)
-    with pytest.raises(WindowError):
-        asyncio.run(written.aread_window(record, start, frames))
+        written.read_window(record, start, frames, fields)
+    with pytest.raises(WindowError, match=f"record {record}"):
+        asyncio.run(written.aread_window(record, start, frames, fields))
+
+
+@pytest.mark.parametrize("reader", ["sync", "async"])
+def test_an_empty_field_selection_checks_the_window_of_an_uncached_record(
+    tmp_path: Path, reader: str
+) -> None:
+    # A fresh storage whose record index cache holds none of the record's entries: the
+    # empty selection must read the entry (one request) to know the record's frames.
+    write(str(tmp_path / "ds"))
+    record = ORDER.index(0)  # 37 frames
+
+    def read(start: int, frames: int) -> dict[str, Any]:
+        storage = TemporalArrayStorage(tmp_path / "ds")
+        if reader == "sync":
+            return storage.read_window(record, start, frames, [])
+        return asyncio.run(storage.aread_window(record, start, frames, []))
+
+    assert read(30, 7) == {}
+    with pytest.raises(WindowError, match=rf"window \[30, 38\).*record {record}"):
+        read(30, 8)
 
 
 def test_a_record_index_outside_the_dataset_is_refused(written: TemporalArrayStorage) -> None:

@@ -3,6 +3,8 @@ by range as it is indexed (requests are exact counts)."""
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 from support.temporal import ALL, COUNTS, small_cache, write_bulk
@@ -32,3 +34,17 @@ def test_frame_counts_is_a_lazy_array_like_equal_to_numpy(bulk: str) -> None:
     assert list(counts) == ALL.tolist()
     with pytest.raises(OutOfRangeError):
         counts[len(ALL)]
+
+
+def test_frame_counts_pickle_as_their_storage_and_reopen_on_first_use(bulk: str) -> None:
+    storage = small_cache(bulk)
+    counts = storage.frame_counts
+    assert counts[1234] == ALL[1234]  # the parent opened it and holds an index chunk
+    payload = pickle.dumps(counts)
+    assert len(payload) < 2048  # no index entries, cache or lock travel with it
+    clone = pickle.loads(payload)
+    assert clone.storage.stats.requests == 0  # nothing opened in the copy yet
+    assert len(clone) == len(ALL)
+    assert np.array_equal(clone[3000:3100], ALL[3000:3100])
+    assert np.array_equal(pickle.loads(pickle.dumps(clone))[:], ALL)  # a copy of a copy too
+    assert clone.storage.stats.requests > 0 and storage.stats.by_key_kind["record_rows"] == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from support.s3 import Location
 from rangestream import RetryPolicy, StreamNumpyFormat, StreamStorage
 from rangestream.errors import (
     AccessDeniedError,
+    BucketNotFoundError,
     StorageError,
 )
 from rangestream.storage.maintenance.gc import collect_garbage
@@ -42,6 +44,16 @@ def test_writing_with_a_wrong_secret_is_an_access_denied_library_error(s3_url: L
         write(storage, np.arange(4, dtype="<i4"))
     assert isinstance(caught.value, PermissionError)  # code written for builtins still works
     assert s3_url.url in str(caught.value)
+
+
+def test_writing_to_a_missing_bucket_names_the_bucket_and_the_url(s3_url: Location) -> None:
+    bucket = f"rangestream-missing-{uuid.uuid4().hex[:8]}"
+    url = f"s3://{bucket}/ds"
+    storage = StreamStorage(url, StreamNumpyFormat(TOKENS), storage_options=s3_url.storage_options)
+    with pytest.raises(BucketNotFoundError) as caught:
+        write(storage, np.arange(4, dtype="<i4"))
+    assert isinstance(caught.value, FileNotFoundError)  # code written for builtins still works
+    assert f"bucket {bucket!r} of {url} does not exist" in str(caught.value)
 
 
 def test_a_dataset_path_under_a_regular_file_is_a_storage_error(tmp_path: Path) -> None:

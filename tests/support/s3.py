@@ -112,9 +112,11 @@ def seaweedfs_server() -> Iterator[SeaweedFSServer]:
     """A local SeaweedFS for the whole session, even when an external endpoint is configured.
 
     Tests of SeaweedFSServer itself use this directly; everything else should use
-    ``s3_server`` so it also runs against external endpoints.
+    ``s3_server`` so it also runs against external endpoints. Like S3 and MinIO, it creates
+    no bucket on upload (SeaweedFS does by default), so a write to a missing bucket fails
+    here as it does there.
     """
-    with SeaweedFSServer() as server:
+    with SeaweedFSServer(extra_args=["-s3.autoCreateBucket=false"]) as server:
         yield server
 
 

@@ -43,6 +43,7 @@ from rangestream.storage.core.live_versions import (
     lease_end,
 )
 from rangestream.storage.core.root import read_committed
+from rangestream.storage.core.store_errors import library_errors
 from rangestream.storage.core.writing import WriteSession, new_session, write_mode
 
 __all__ = ["SESSION_KEY", "Heartbeat", "Resumable", "begin", "finish", "part_id"]
@@ -205,7 +206,8 @@ def begin(
         finally:
             await store.aclose()
 
-    return run_blocking(run())
+    with library_errors(f"starting a write at {storage.url}", storage.url):
+        return run_blocking(run())
 
 
 def _alive(document: Any) -> bool:

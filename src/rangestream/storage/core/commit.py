@@ -113,7 +113,7 @@ async def commit_session(
             ]
         )
         kill_point("index-written")
-        with library_errors(f"writing {store.describe(ROOT_KEY)}"):
+        with library_errors(f"writing {store.describe(ROOT_KEY)}", storage.url):
             root = dumps(manifest.root_document())
             await publish_root(store, root, version, commit_id)
         kill_point("root-published")

@@ -9,12 +9,41 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from rangestream.errors import AccessDeniedError, RangestreamError, StorageError
+from rangestream.errors import (
+    AccessDeniedError,
+    BucketNotFoundError,
+    RangestreamError,
+    StorageError,
+)
+
+
+def is_missing_bucket(error: BaseException) -> bool:
+    """Whether ``error`` (or what caused it) is S3's ``NoSuchBucket``: s3fs turns it into
+    a ``FileNotFoundError`` that says only "The specified bucket does not exist"."""
+    seen: BaseException | None = error
+    for _ in range(8):  # a short chain: the client's error under one or two of ours
+        if seen is None:
+            return False
+        code = getattr(seen, "response", {}) or {}
+        if "NoSuchBucket" in (type(seen).__name__, str(code.get("Error", {}).get("Code", ""))):
+            return True
+        if "NoSuchBucket" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def bucket_of(url: str) -> str:
+    """The bucket (or container) of an object store URL: ``s3://bucket/prefix``."""
+    return url.split("://", 1)[-1].split("/", 1)[0]
 
 
 @contextlib.contextmanager
-def library_errors(what: str) -> Iterator[None]:
+def library_errors(what: str, url: str | None = None) -> Iterator[None]:
     """Raise the library's own class for an ``OSError`` of the store (``what`` failed).
+
+    ``url``, the dataset's, turns S3's missing bucket into a ``BucketNotFoundError`` that
+    names it and the bucket (the client says only that "the specified bucket" is missing).
 
     Reads already end in library errors (the range reader converts them); on the write
     path a local ``PermissionError`` or ``NotADirectoryError``, or S3's 403 (``retrying``
@@ -29,6 +58,11 @@ def library_errors(what: str) -> Iterator[None]:
     except PermissionError as error:
         raise AccessDeniedError(f"{what} was refused: {error}") from error
     except OSError as error:
+        if url is not None and "://" in url and is_missing_bucket(error):
+            raise BucketNotFoundError(
+                f"{what} failed: bucket {bucket_of(url)!r} of {url} does not exist; "
+                "create it first (writes create no bucket)"
+            ) from error
         raise StorageError(f"{what} failed: {error}") from error
 
 

@@ -122,7 +122,7 @@ class WriteSession:
         other failure. ``check_objects=False`` skips that check, for parts that claim
         shards without objects on purpose (tests and benchmarks of the commit's cost).
         """
-        with library_errors(f"committing {self.storage.url}"):
+        with library_errors(f"committing {self.storage.url}", self.storage.url):
             return run_blocking(
                 commit_session(
                     self.storage,
@@ -260,7 +260,7 @@ class DatasetWriter:
                 encoder, writers = entry
                 lengths = {name: writer.length for name, writer in writers.items()}
                 rows_by_array = encoder.encode(data, lengths)
-            with library_errors(f"writing to {self.storage.url}"):
+            with library_errors(f"writing to {self.storage.url}", self.storage.url):
                 before = sum(writer.buffered for writer in entry[1].values())
                 for name, rows in rows_by_array.items():
                     entry[1][name].append(rows)
@@ -284,7 +284,7 @@ class DatasetWriter:
         if self._closed:
             return
         self._closed = True
-        with library_errors(f"writing to {self.storage.url}"):
+        with library_errors(f"writing to {self.storage.url}", self.storage.url):
             self._finish()
 
     def _finish(self) -> None:

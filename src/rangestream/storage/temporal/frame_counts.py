@@ -31,11 +31,44 @@ class FrameCounts:
     dtype = np.dtype(np.int64)
     ndim = 1
 
-    def __init__(self, index: RecordIndex, run: Callable[[Program[Any]], Any]) -> None:
-        self._index = index
-        self._run = run
+    def __init__(
+        self, index: RecordIndex, run: Callable[[Program[Any]], Any], storage: Any
+    ) -> None:
+        self._opened_index: RecordIndex | None = index
+        self._opened_run: Callable[[Program[Any]], Any] | None = run
+        #: The storage these counts are of: what a pickled copy opens again.
+        self.storage = storage
+
+    @classmethod
+    def of_storage(cls, storage: Any) -> FrameCounts:
+        """The counts of ``storage``, opened on first use in this process (unpickling)."""
+        counts = cls.__new__(cls)
+        counts._opened_index = counts._opened_run = None
+        counts.storage = storage
+        return counts
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (FrameCounts.of_storage, (self.storage,))
+
+    def _open(self) -> None:
+        opened = self.storage.frame_counts  # the storage's own reader's counts
+        self._opened_index, self._opened_run = opened._index, opened._run
+
+    @property
+    def _index(self) -> RecordIndex:
+        if self._opened_index is None:
+            self._open()
+        return self._opened_index  # type: ignore[return-value]
+
+    @property
+    def _run(self) -> Callable[[Program[Any]], Any]:
+        if self._opened_run is None:
+            self._open()
+        return self._opened_run  # type: ignore[return-value]
 
     def __repr__(self) -> str:
+        if self._opened_index is None:
+            return f"FrameCounts({self.storage!r}, not opened in this process)"
         return f"FrameCounts({self._index.count} records)"
 
     def __len__(self) -> int:

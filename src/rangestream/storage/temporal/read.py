@@ -101,7 +101,7 @@ class OpenedTemporal(OpenedStorage):
         self.index: RecordIndex = args[-1]
         self.schema = self.index.schema
         #: Every record's frames, read by range when asked for (``FrameCounts``).
-        self.frame_counts = FrameCounts(self.index, self.run_sync)
+        self.frame_counts = FrameCounts(self.index, self.run_sync, self.storage)
         groups = self.schema.groups
         #: ``arrays[part][group number]``: each group's array in each shard.
         self.arrays: list[list[StoredArray]] = [

@@ -159,10 +159,8 @@ class TemporalReader(_TemporalFacts, SyncReader):
         else:
             bound = concurrency(max_concurrency, max_concurrent_reads)
         record, start, frames = opened.index.check_arguments(record, start, frames)
-        selection = opened.selection(fields)
-        if not selection.outputs:
-            return {}
-        program = opened.window(record, start, frames, selection)
+        # no shortcut for ``fields=[]``: the window's bounds are checked like any other's
+        program = opened.window(record, start, frames, opened.selection(fields))
         return opened.run_sync(program, max_concurrency=bound)  # type: ignore[no-any-return]
 
 
@@ -269,9 +267,7 @@ async def aread_window(
     reader alike: copied out of a mapped block when it lies in one (in a worker thread
     when large), else read by the window program under ``bound`` requests in flight."""
     record, start, frames = opened.index.check_arguments(record, start, frames)
-    selection = opened.selection(fields)
-    if not selection.outputs:
-        return {}
+    selection = opened.selection(fields)  # ``[]`` too reads the entry and checks the bounds
     if opened.mapped is not None:
         nbytes = frames * sum(output.nbytes for output in selection.outputs)
         if nbytes <= INLINE_READ_BYTES:

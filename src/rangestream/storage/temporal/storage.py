@@ -302,8 +302,9 @@ class TemporalArrayStorage(Storage):
         start, frames
             The window; it must lie inside the record (no padding, no truncation).
         fields
-            Field names to return (each at most once); ``None`` means all, ``[]`` returns
-            ``{}`` without reading.
+            Field names to return (each at most once); ``None`` means all. ``[]`` returns
+            ``{}`` for a window inside the record and raises for one outside it, as any
+            selection does (the record's index entry is read if it is not cached).
         max_concurrency, max_concurrent_reads
             Requests in flight for this window (one name or the other; LitData calls it
             ``max_concurrent_reads``); the storage's ``max_concurrency`` by default.
