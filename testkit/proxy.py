@@ -199,6 +199,7 @@ class LatencyProxy:
         self._forced: deque[FaultKind] = deque()
         self._request_seq = 0
         self._log = RequestLog()
+        self._gate: asyncio.Event | None = None
         if faults is not None:
             self.set_faults(faults)
 
@@ -259,6 +260,32 @@ class LatencyProxy:
             self._faults = FaultConfig()
             self._rng = random.Random(self._faults.seed)
             self._forced.clear()
+
+    # -- holding requests ------------------------------------------------------------------
+
+    def hold(self) -> None:
+        """Hold every request arriving from now on (after its delay) until ``release``.
+
+        A held request counts as in flight, so a test can see exactly how many requests a
+        client keeps in flight at once (``in_flight``, ``max_in_flight``) without racing
+        answers that come back meanwhile.
+        """
+        with self._lock:
+            if self._gate is None:
+                self._gate = asyncio.Event()  # binds to the proxy's loop on first wait
+
+    def release(self) -> None:
+        """Let every held request (and every later one) go on."""
+        with self._lock:
+            gate, self._gate = self._gate, None
+        if gate is not None:
+            self._loop.call_soon_threadsafe(gate.set)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests admitted and not answered yet (held ones included)."""
+        with self._lock:
+            return self._in_flight
 
     # -- observation -----------------------------------------------------------------------
 
@@ -488,6 +515,9 @@ class LatencyProxy:
             if delay > 0:
                 await asyncio.sleep(delay)
                 self._count(delay=delay)
+            gate = self._gate
+            if gate is not None:
+                await gate.wait()
             if fault is FaultKind.RESET:
                 return self._reset(request)
             if fault in ERROR_RESPONSES:

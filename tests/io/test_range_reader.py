@@ -13,9 +13,10 @@ from rangestream.errors import (
     RetriesExhaustedError,
     StorageError,
 )
-from rangestream.io import ObjectStore, S3Store
+from rangestream.io import ObjectStore, S3Store, request_cap
 from rangestream.io.range_reader import RangeReader, set_process_max_concurrency
 from rangestream.io.ranges import RangeRequest, SuffixRequest
+from rangestream.io.request_cap import DEFAULT_PROCESS_MAX_REQUESTS
 from rangestream.io.retry import RetryPolicy
 
 FAST_RETRY = RetryPolicy(max_attempts=4, base_delay=0.001, max_delay=0.002, request_timeout=5)
@@ -32,6 +33,7 @@ class ScriptedStore(ObjectStore):
         self.max_in_flight = 0
         self.delay = 0.0
         self.calls = 0
+        self.gate: asyncio.Event | None = None  # set: requests wait here until it is set
 
     async def _read(self, data: bytes) -> bytes:
         self.calls += 1
@@ -39,6 +41,8 @@ class ScriptedStore(ObjectStore):
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
             await asyncio.sleep(self.delay)
+            if self.gate is not None:
+                await self.gate.wait()
             if self.failures:
                 failure = self.failures.pop(0)
                 if isinstance(failure, BaseException):
@@ -117,8 +121,62 @@ def test_the_process_bound_holds_across_concurrent_calls() -> None:
 
         asyncio.run(main())
     finally:
-        set_process_max_concurrency(64)
+        set_process_max_concurrency(DEFAULT_PROCESS_MAX_REQUESTS)
     assert store.max_in_flight == 2
+
+
+def peak_of_concurrent_calls(calls: int, ranges: int, per_call: int) -> tuple[int, int]:
+    """(requests in flight once nothing more can start, most ever in flight) of ``calls``
+    concurrent fetches of ``ranges`` separate ranges each, every request held until then."""
+    store = ScriptedStore({f"o{i}": bytes(64) for i in range(ranges)})
+    reader = RangeReader(store, max_concurrency=per_call, coalesce_gap=0, retry=FAST_RETRY)
+
+    async def main() -> int:
+        store.gate = asyncio.Event()
+        requests = [RangeRequest(f"o{i}", 0, 8) for i in range(ranges)]
+        tasks = [asyncio.ensure_future(reader.fetch(requests)) for _ in range(calls)]
+        seen, unchanged = -1, 0
+        while unchanged < 50:  # every task has run until it waits: nothing more starts
+            await asyncio.sleep(0)
+            unchanged = unchanged + 1 if store.in_flight == seen else 0
+            seen = store.in_flight
+        store.gate.set()
+        await asyncio.gather(*tasks)
+        return seen
+
+    held = asyncio.run(main())
+    assert reader.stats.requests == calls * ranges
+    return held, store.max_in_flight
+
+
+def test_calls_in_flight_times_ranges_per_call_are_admitted_up_to_the_process_cap() -> None:
+    set_process_max_concurrency(1024)
+    try:
+        # 64 document batches of 16 documents: 1,024 wanted, every one of them in flight
+        assert peak_of_concurrent_calls(64, 16, 16) == (1024, 1024)
+        # the per-call bound still holds: 64 calls of 16 ranges, 4 at a time each
+        assert peak_of_concurrent_calls(64, 16, 4) == (256, 256)
+        set_process_max_concurrency(100)
+        assert peak_of_concurrent_calls(64, 16, 16) == (100, 100)
+    finally:
+        set_process_max_concurrency(DEFAULT_PROCESS_MAX_REQUESTS)
+
+
+def test_the_default_process_cap_is_bounded_by_the_descriptors_and_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import resource
+
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    expected = 1024 if soft == resource.RLIM_INFINITY else max(64, min(1024, soft // 2))
+    monkeypatch.delenv(request_cap.PROCESS_MAX_REQUESTS_ENV, raising=False)
+    assert request_cap._default_cap() == expected
+    monkeypatch.setenv(request_cap.PROCESS_MAX_REQUESTS_ENV, "96")
+    assert request_cap._default_cap() == 96
+    monkeypatch.setenv(request_cap.PROCESS_MAX_REQUESTS_ENV, "zero")
+    assert request_cap._default_cap() == expected
+    with pytest.raises(ValueError, match="integer >= 1"):
+        set_process_max_concurrency(0)
 
 
 def test_transient_errors_are_retried_and_counted() -> None:

@@ -24,7 +24,14 @@ from rangestream.errors import (
     StorageError,
     TruncatedObjectError,
 )
-from rangestream.io import RangeReader, RangeRequest, RetryPolicy, S3Store, SuffixRequest
+from rangestream.io import (
+    RangeReader,
+    RangeRequest,
+    RetryPolicy,
+    S3Store,
+    SuffixRequest,
+    request_cap,
+)
 from rangestream.io.process import run_blocking as run_sync
 from rangestream.io.retry import is_transient
 from rangestream.io.s3 import _LeanReads
@@ -284,6 +291,34 @@ def test_options_in_the_s3fs_shape_configure_the_lean_client(clean_env: Any) -> 
         "http://127.0.0.1:1", "eu-west-3", "k", "s", "t"
     )  # fmt: skip
     assert (config.max_connections, config.connect_timeout, config.read_timeout) == (64, 1, 2)
+
+
+def test_the_connection_pool_is_sized_to_the_process_request_cap(clean_env: Any) -> None:
+    """A pool smaller than the process cap would be a second, hidden cap on requests."""
+    options = {"key": "k", "secret": "s", "client_kwargs": {"endpoint_url": "http://127.0.0.1:1"}}
+    store = S3Store("s3://bucket/ds", options)
+    assert isinstance(store._reads, _LeanReads)
+    assert store._reads.config.max_connections == request_cap.process_max_requests()
+    assert store._options()["config_kwargs"]["max_pool_connections"] == (
+        request_cap.process_max_requests()
+    )  # botocore's pool too (writes, and s3fs reads)
+    request_cap.set_process_max_concurrency(300)
+    try:
+        config = lean_read_config(S3Store("s3://bucket/ds", options)._options())
+        assert config is not None and config.max_connections == 300
+
+        async def limit() -> int:
+            client = S3ReadClient(config)
+            try:
+                return int(client._session.connector.limit)
+            finally:
+                await client.aclose()
+
+        assert asyncio.run(limit()) == 300
+    finally:
+        request_cap.set_process_max_concurrency(request_cap.DEFAULT_PROCESS_MAX_REQUESTS)
+    given = {**options, "config_kwargs": {"max_pool_connections": 8}}
+    assert S3Store("s3://bucket/ds", given)._reads.config.max_connections == 8
 
 
 def test_boto_style_credentials_and_environment_defaults_are_understood(clean_env: Any) -> None:

@@ -12,13 +12,14 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support.s3 import Location
+from support.s3 import Location, S3Location
 
 from rangestream import DocumentPickleFormat, DocumentStorage, RecordField, RecordFormat
 from rangestream.errors import InvalidRecordError
-from rangestream.io import IOStats
+from rangestream.io import IOStats, request_cap
 from rangestream.layout.block import ArrayLayout, encode_block
 from rangestream.types import DocumentStorageFormat
+from testkit import LatencyProxy
 
 SMALL = {"chunk_bytes": 32, "block_bytes": 256}
 
@@ -620,3 +621,37 @@ def test_keys_of_pickled_mappings_are_selected_after_decoding(tmp_path: Path) ->
             reader.read(0, keys=["w"])
         with pytest.raises(TypeError, match="mappings"):
             reader.read(1, keys=["x"])
+
+
+def test_batches_in_flight_over_s3_keep_every_wanted_request_in_flight(
+    s3_url: S3Location, s3_proxy: LatencyProxy
+) -> None:
+    """64 ``read_many`` of 16 documents want 1,024 heap requests at once: the process cap
+    (``io.request_cap``) admits them all and the lean client's pool is no smaller a cap."""
+    url = s3_url.child("docs")
+    documents = [bytes([i % 251]) * 1000 for i in range(64 * 16 * 2)]
+    written = DocumentStorage(url, RawBytes(), storage_options=s3_url.storage_options)
+    with written.sync_writer(overwrite=True) as writer:
+        for document in documents:
+            writer.append(0, document)
+    storage = DocumentStorage(url, RawBytes(), storage_options=s3_proxy.storage_options,
+                              coalesce_gap=0)  # fmt: skip
+    batches = [list(range(b * 2, len(documents), 128)) for b in range(64)]  # no two adjacent
+    assert request_cap.process_max_requests() >= 1024  # the default, where descriptors allow
+
+    async def main() -> list[list[Any]]:
+        reader = storage.async_reader()
+        # opened, and every offset kept: each batch is one round of 16 heap requests
+        assert len(await reader.read_many(list(range(len(documents))))) == len(documents)
+        s3_proxy.reset_stats()
+        s3_proxy.hold()
+        tasks = [asyncio.ensure_future(reader.read_many(batch)) for batch in batches]
+        while s3_proxy.in_flight < 1024 and not any(task.done() for task in tasks):
+            await asyncio.sleep(0.01)
+        s3_proxy.release()
+        return list(await asyncio.gather(*tasks))
+
+    got = asyncio.run(asyncio.wait_for(main(), 120))
+    assert got == [[(0, documents[i]) for i in batch] for batch in batches]
+    stats = s3_proxy.stats()
+    assert (stats.range_gets, stats.max_in_flight) == (1024, 1024)

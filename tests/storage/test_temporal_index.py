@@ -1,4 +1,5 @@
-"""The temporal record index read by range: opening reads only the root, a record's entry
+"""The temporal record index read by range: opening reads only the root (and a small
+index whole, in one request), a record's entry
 costs one request the first time, the cache stays within its budget, damaged entries are
 refused by name, and ten million records cost a worker its cache, not its records.
 Requests, bytes and memory are exact counts (tracemalloc), never timings."""
@@ -27,6 +28,7 @@ from support.temporal import (
 from rangestream import TemporalArrayStorage
 from rangestream.errors import CorruptDataError
 from rangestream.layout.block import ArrayLayout, encode_block
+from rangestream.storage.temporal.stored import OPEN_INDEX_BYTES
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +42,52 @@ def test_opening_reads_only_the_root_document(bulk: str) -> None:
     storage = small_cache(bulk)
     assert len(storage) == len(ALL)
     assert storage.stats.by_key_kind == {"zarr.json": 1}
+
+
+def test_a_small_index_is_read_at_open_and_no_first_window_pays_an_index_request(
+    location: Location,
+) -> None:
+    write_bulk(location.url, COUNTS, storage_options=location.storage_options)
+    storage = TemporalArrayStorage(location.url, storage_options=location.storage_options)
+    assert len(storage) == len(ALL)  # opens
+    chunks = -(-len(ALL) // PER_CHUNK)
+    assert storage.stats.by_key_kind == {"zarr.json": 1, "record_rows": 1}  # one request
+    assert storage.stats.bytes_by_key_kind["record_rows"] == chunks * (PER_CHUNK * 16 + 4)
+    assert chunks * (PER_CHUNK * 16 + 4) <= OPEN_INDEX_BYTES
+    # the first window of every record (of every 7th over S3): its data request only
+    records = range(len(ALL)) if location.url.startswith("/") else range(0, len(ALL), 7)
+    for record in records:
+        before = storage.stats.copy()
+        got = storage.read_window(record, 0, 1)
+        assert (storage.stats - before).by_key_kind == {"x": 1}, record
+        assert np.array_equal(got["x"], window_truth(record, 0, 1))
+
+
+def _bulk_of(records: int, path: Path) -> str:
+    url = str(path / f"ds-{records}")
+    write_bulk(url, [1 + np.arange(records, dtype=np.int64) % 3])
+    return url
+
+
+def test_an_index_over_the_open_bound_is_still_read_by_range(tmp_path: Path) -> None:
+    stored_chunk = PER_CHUNK * 16 + 4
+    largest = OPEN_INDEX_BYTES // stored_chunk * PER_CHUNK  # records of the largest index read
+    under = TemporalArrayStorage(_bulk_of(largest, tmp_path))
+    assert len(under) == largest
+    assert under.stats.by_key_kind == {"zarr.json": 1, "record_rows": 1}
+    before = under.stats.copy()
+    under.read_window(largest - 1, 0, 1)
+    assert (under.stats - before).by_key_kind == {"x": 1}
+    over = TemporalArrayStorage(_bulk_of(largest + 1, tmp_path))
+    assert len(over) == largest + 1
+    assert over.stats.by_key_kind == {"zarr.json": 1}  # opening reads only the root
+    assert over.sync_reader().index_in_memory  # it fits the cache: the first read takes it
+    got = over.read_window(largest, 0, 1)
+    assert over.stats.by_key_kind == {"zarr.json": 1, "record_rows": 1, "x": 1}
+    assert np.array_equal(got["x"], expected_window(1 + np.arange(largest + 1) % 3, largest, 0, 1))
+    before = over.stats.copy()
+    over.read_window(7, 0, 1)
+    assert (over.stats - before).by_key_kind == {"x": 1}
 
 
 def test_a_cold_window_costs_one_index_request_and_a_warm_one_none(bulk: str) -> None:

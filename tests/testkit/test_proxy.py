@@ -203,6 +203,25 @@ def test_max_in_flight_equals_the_client_concurrency(
     assert proxy.stats().max_in_flight == 6
 
 
+def test_held_requests_stay_in_flight_until_released(
+    proxy: LatencyProxy, proxied_fs: s3fs.S3FileSystem, stored: StoredObject
+) -> None:
+    url = _presigned(proxied_fs, stored.path)
+    proxy.hold()
+
+    async def five_held() -> list[RawResult]:
+        tasks = [asyncio.ensure_future(_raw_get(url, byte_range=(i, i))) for i in range(5)]
+        while proxy.in_flight < 5:
+            await asyncio.sleep(0.01)
+        assert not any(task.done() for task in tasks)  # none answered while held
+        proxy.release()
+        return list(await asyncio.gather(*tasks))
+
+    results = asyncio.run(asyncio.wait_for(five_held(), 60))
+    assert [r.body for r in results] == [stored.data[i : i + 1] for i in range(5)]
+    assert (proxy.stats().max_in_flight, proxy.in_flight) == (5, 0)
+
+
 # -- latency -------------------------------------------------------------------------------
 
 

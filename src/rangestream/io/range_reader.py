@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import os
 import random
-import weakref
 from collections.abc import Sequence
 
 from rangestream.errors import (
@@ -24,8 +22,13 @@ from rangestream.errors import (
 )
 from rangestream.io.cache.byte_cache import ByteCache
 from rangestream.io.cache.tier import fetch_through_cache
-from rangestream.io.process import ProcessLocal, run_blocking
+from rangestream.io.process import run_blocking
 from rangestream.io.ranges import ByteRequest, ObjectRequest, RangeRequest, SuffixRequest, coalesce
+from rangestream.io.request_cap import (
+    DEFAULT_PROCESS_MAX_REQUESTS,
+    process_slots,
+    set_process_max_concurrency,
+)
 from rangestream.io.retry import RetryPolicy, ShortReadError, is_range_not_satisfiable, retrying
 from rangestream.io.stats import IOCounter, IOStats
 from rangestream.io.store import ObjectStore
@@ -41,35 +44,14 @@ __all__ = [
 ]
 
 DEFAULT_MAX_CONCURRENCY = 16
-DEFAULT_PROCESS_MAX_CONCURRENCY = int(os.environ.get("RANGESTREAM_PROCESS_MAX_REQUESTS", "64"))
+#: The process cap this process starts with (``io.request_cap``).
+DEFAULT_PROCESS_MAX_CONCURRENCY = DEFAULT_PROCESS_MAX_REQUESTS
 DEFAULT_COALESCE_GAP = 64 * 1024
 DEFAULT_MAX_COALESCED_BYTES = 16 * 1024 * 1024
 #: Complete responses shorter than asked for, per request, before the object is declared
 #: truncated. A body cut off in transit raises a transport error (retried as transient);
 #: a complete short body means the object itself is short, so one repeat is enough.
 SHORT_READ_ATTEMPTS = 2
-
-_process_limit = DEFAULT_PROCESS_MAX_CONCURRENCY
-#: Per event loop of this process: the semaphore bounding its requests in flight.
-_slots = ProcessLocal[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore]]()
-
-
-def set_process_max_concurrency(limit: int) -> None:
-    """Bound the requests in flight across every reader of this process (default 64)."""
-    global _process_limit
-    if limit < 1:
-        raise ValueError(f"the process request bound must be >= 1, got {limit}")
-    _process_limit = limit
-    _slots.pop()
-
-
-def _process_semaphore() -> asyncio.Semaphore:
-    by_loop = _slots.get_or_make(weakref.WeakKeyDictionary)
-    loop = asyncio.get_running_loop()
-    semaphore = by_loop.get(loop)
-    if semaphore is None:
-        semaphore = by_loop[loop] = asyncio.Semaphore(_process_limit)
-    return semaphore
 
 
 @functools.lru_cache(maxsize=4096)
@@ -99,8 +81,9 @@ class RangeReader:
     store
         Where the objects live.
     max_concurrency
-        Requests in flight for one call (one window, one ``read_many``). A per-process bound
-        (``set_process_max_concurrency``) holds across all calls and readers as well.
+        Requests in flight for one call (one window, one ``read_many``): calls in flight
+        times this is the concurrency asked for, admitted up to the process cap across all
+        calls and readers (``io.request_cap``, ``set_process_max_concurrency``).
     coalesce_gap
         Ranges of the same object closer than this many bytes are fetched as one request.
     max_coalesced_bytes
@@ -149,7 +132,7 @@ class RangeReader:
         async def attempt(number: int) -> bytes:
             kind = key_kind(request.key)
             try:
-                async with _process_semaphore():
+                async with process_slots():
                     if not store.is_connected():
                         # the session is made once per loop, outside the per-request timeout
                         await store.connect()

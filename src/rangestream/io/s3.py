@@ -27,6 +27,7 @@ from rangestream.io.conditional_writes import s3_error_of
 from rangestream.io.fsspec_store import FsspecStore, options_key, shared_client
 from rangestream.io.process import ProcessLocal
 from rangestream.io.range_answers import needs_object_size, ranged_body, suffix_body
+from rangestream.io.request_cap import process_max_requests
 from rangestream.io.s3_client import S3ReadClient
 from rangestream.io.s3_options import (
     S3ReadConfig,
@@ -64,7 +65,8 @@ class S3Store(FsspecStore):
         # still retry once; "total_max_attempts" counts the first one too.)
         config = dict(options.get("config_kwargs") or {})
         config.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})
-        config.setdefault("max_pool_connections", 128)
+        # botocore's pool sized to the process request cap, as the lean client's is
+        config.setdefault("max_pool_connections", process_max_requests())
         config.setdefault("connect_timeout", 5)
         config.setdefault("read_timeout", 30)
         # botocore's default ("when_supported") adds CRC32 trailers to every upload and

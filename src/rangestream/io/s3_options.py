@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rangestream.io.process import ProcessLocal
+from rangestream.io.request_cap import process_max_requests
 
 __all__ = [
     "DEFAULT_REGION",
@@ -52,7 +53,6 @@ READS_ENV = "RANGESTREAM_S3_READS"
 DEFAULT_REGION = "us-east-1"
 DEFAULT_CONNECT_TIMEOUT = 5.0
 DEFAULT_READ_TIMEOUT = 30.0
-DEFAULT_MAX_CONNECTIONS = 128
 
 #: Top-level s3fs options that do not change what a read sends or returns.
 _NEUTRAL_OPTIONS = frozenset(
@@ -122,7 +122,9 @@ class S3ReadConfig:
     ca_bundle: str | None = None
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
     read_timeout: float = DEFAULT_READ_TIMEOUT
-    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    #: connections of the pool: the process request cap unless ``max_pool_connections``
+    #: says otherwise (``io.request_cap``: a smaller pool is a second, hidden cap)
+    max_connections: int = field(default_factory=process_max_requests)
 
 
 def lean_read_config(storage_options: dict[str, Any]) -> S3ReadConfig | None:
@@ -203,7 +205,9 @@ def lean_read_config(storage_options: dict[str, Any]) -> S3ReadConfig | None:
             ca_bundle=configured.ca_bundle,
             connect_timeout=float(config_kwargs.get("connect_timeout", DEFAULT_CONNECT_TIMEOUT)),
             read_timeout=float(config_kwargs.get("read_timeout", DEFAULT_READ_TIMEOUT)),
-            max_connections=int(config_kwargs.get("max_pool_connections", DEFAULT_MAX_CONNECTIONS)),
+            max_connections=int(
+                config_kwargs.get("max_pool_connections") or process_max_requests()
+            ),
         )
     except (TypeError, ValueError):
         return None

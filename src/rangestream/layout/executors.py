@@ -361,7 +361,11 @@ class MappedExecutor:
         return mapped
 
     def block_copier(
-        self, arrays: Sequence[StoredArray], layout: ArrayLayout | None = None
+        self,
+        arrays: Sequence[StoredArray],
+        layout: ArrayLayout | None = None,
+        *,
+        counter: list[int] | None = None,
     ) -> BlockCopier | None:
         """A copier of rows that one block holds, for one array name's arrays of one opened
         version by shard position (a list, or a sequence that makes them on demand), or
@@ -381,6 +385,10 @@ class MappedExecutor:
         looked up as ``arrays[0].block_base + (part << 40) + block``, which is each array's
         own key when idents follow positions (``OpenedStorage.array``); ``arrays[part]`` is
         only asked for when its block is not mapped yet.
+
+        ``counter`` (a ``[requests, bytes]`` list) takes the counts instead of the reader's
+        counter: a caller that serves several pieces as one request counts them itself
+        (``OpenedDocuments.read_mapped``: the coalesced ranges of a batch).
         """
         if not len(arrays):
             return None
@@ -397,7 +405,8 @@ class MappedExecutor:
         block_rows, chunk_rows = layout.block_rows, layout.chunk_rows
         stored, row_nbytes = layout.stored_chunk_nbytes, layout.row_nbytes
         base = first.block_base
-        counter = self.counter.of(kind)
+        if counter is None:
+            counter = self.counter.of(kind)
         holder, mapping, copy_piece = self._entries, self.mapping, self.copy_piece
         verify, store = self.verify, self.store
 

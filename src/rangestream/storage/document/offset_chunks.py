@@ -69,6 +69,29 @@ class OffsetChunks:
         page, at = divmod(slot, _SLOTS_PER_PAGE)
         return int(self._bases[page][at]) + int(self._relative[page][at, row])
 
+    def gather(self, keys: list[int], rows: list[int]) -> list[int] | None:
+        """Offsets ``rows[i]`` of chunks ``keys[i]``, if every chunk is kept; else ``None``
+        and nothing is marked (the caller reads the missing chunks). One dictionary lookup
+        per key and one numpy gather per page of slots (a batch of documents:
+        ``OpenedDocuments.read_mapped``)."""
+        get = self._slots.get
+        found = [get(key) for key in keys]
+        if None in found:
+            return None
+        referenced = self._referenced
+        for slot in found:
+            referenced[slot] = 1
+        if len(self._bases) == 1:
+            return (self._bases[0][found] + self._relative[0][found, rows]).tolist()
+        slots = np.asarray(found, dtype=np.int64)
+        at_rows = np.asarray(rows, dtype=np.int64)
+        pages, at = np.divmod(slots, _SLOTS_PER_PAGE)
+        out = np.empty(len(slots), dtype=np.int64)
+        for page in np.unique(pages).tolist():
+            mask = pages == page
+            out[mask] = self._bases[page][at[mask]] + self._relative[page][at[mask], at_rows[mask]]
+        return out.tolist()
+
     def __contains__(self, key: Hashable) -> bool:
         return key in self._slots
 

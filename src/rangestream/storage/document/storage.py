@@ -21,6 +21,7 @@ from rangestream.errors import (
     SchemaMismatchError,
 )
 from rangestream.formats.described import check_given_format, format_from_schema, format_schema
+from rangestream.io.local import INLINE_READ_BYTES
 from rangestream.layout.block import ArrayLayout
 from rangestream.layout.manifest import ROOT_KEY, Manifest
 from rangestream.storage.core.base import Storage
@@ -234,11 +235,22 @@ class DocumentStorageReader(_DocumentFacts, SyncReader):
         keys, not the whole record; other formats decode the whole document and return
         the keys of the mapping it is.
         """
-        return self._run(self.opened.read(index, keys))
+        opened = self.opened
+        if opened.mapped is not None and type(index) is int:
+            got = opened.read_mapped([index], keys)
+            if got is not None:
+                return got[0]
+        return self._run(opened.read(index, keys))
 
     def read_many(self, indexes: Sequence[int], keys: Sequence[str] | None = None) -> list[Any]:
-        """Several documents (or ``keys`` of each), every round shared and coalesced."""
-        return self._run(self.opened.read_many(list(indexes), keys))
+        """Several documents (or ``keys`` of each), every round shared and coalesced; on
+        a local dataset, straight from its mapped blocks (``OpenedDocuments.read_mapped``)."""
+        opened = self.opened
+        if opened.mapped is not None:
+            got = opened.read_mapped(indexes, keys)
+            if got is not None:
+                return got
+        return self._run(opened.read_many(list(indexes), keys))
 
 
 class AsyncDocumentStorageReader(_DocumentFacts, AsyncReader):
@@ -252,6 +264,10 @@ class AsyncDocumentStorageReader(_DocumentFacts, AsyncReader):
         max_concurrency: int | None = None,
     ) -> Any:
         opened = await self._opened()
+        if opened.mapped is not None and type(index) is int:
+            got = opened.read_mapped([index], keys, INLINE_READ_BYTES)  # copies: no I/O to await
+            if got is not None:
+                return got[0]
         return await opened.run(opened.read(index, keys), max_concurrency=max_concurrency)
 
     async def read_many(
@@ -262,6 +278,10 @@ class AsyncDocumentStorageReader(_DocumentFacts, AsyncReader):
         max_concurrency: int | None = None,
     ) -> list[Any]:
         opened = await self._opened()
+        if opened.mapped is not None:
+            got = opened.read_mapped(indexes, keys, INLINE_READ_BYTES)  # copies: no I/O to await
+            if got is not None:
+                return got
         program = opened.read_many(list(indexes), keys)
         return await opened.run(program, max_concurrency=max_concurrency)
 

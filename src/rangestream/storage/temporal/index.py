@@ -10,11 +10,13 @@ The commit writes three arrays under ``index/`` (``storage.temporal.write``):
 - ``frame_histogram``: ``(frames, records)`` for every distinct frame count, so samplers
   count the records or windows of any length without reading every record.
 
-Nothing of size N is read at open. Opening reads only the root document; a record's
-entry is read with the inner chunk of ``record_rows`` that holds it (``K`` records, one
-range request) the first time a window needs it, checked as untrusted input and kept in a
-cache bounded in bytes. While the whole index fits in the cache, the first read takes all
-of it in one request instead, so small datasets read their index once, as before.
+Nothing of size N is read at open. Opening reads the root document and, when the whole
+record index is small (``stored.OPEN_INDEX_BYTES``, 1 MiB stored) and fits the cache,
+the index in one request, so no window of a small dataset ever waits on an index request.
+Otherwise a record's entry is read with the inner chunk of ``record_rows`` that holds it
+(``K`` records, one range request) the first time a window needs it, checked as untrusted
+input and kept in a cache bounded in bytes. While the whole index fits in the cache, the
+first read takes all of it in one request instead.
 
 This module reads, checks and caches the entries; the questions asked of frames rather
 than records (counts of many records, the cumulative index, the histogram) are

@@ -225,9 +225,10 @@ class TemporalArrayStorage(Storage):
         stored_schema(manifest, f"{self.url}/{ROOT_KEY}", self.url, self.field_groups)
 
     def open_index(self, manifest: Manifest) -> Program[RecordIndex]:
-        """The record index, read by range later: opening reads nothing past the root."""
-        return open_record_index(manifest, self.url, self.field_groups, self.index_cache_bytes)
-        yield  # a program: it reads nothing
+        """The record index: a small one read whole now (``stored.OPEN_INDEX_BYTES``),
+        a larger one by range later."""
+        return (yield from open_record_index(manifest, self.url, self.field_groups,
+                                             self.index_cache_bytes))  # fmt: skip
 
     # -- readers ------------------------------------------------------------------------------
     def _reader(self) -> TemporalReader:

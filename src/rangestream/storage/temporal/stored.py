@@ -1,11 +1,13 @@
 """What a temporal dataset's root document says, checked, and the record index it locates.
 
-Opening a temporal dataset reads the root document only. Everything in it is untrusted
+Opening a temporal dataset reads the root document, and a small record index whole
+(``OPEN_INDEX_BYTES``). Everything in the root is untrusted
 input: the schema of the field groups, the layouts of the three index arrays
 (``storage.temporal.write`` writes them at commit) and the arrays listed per shard must
 agree before a window is read. This is that check, shared by the commit of an append
 (``check_schema``) and by opening, which also places the index arrays of the committed
-version so that ``storage.temporal.index`` reads them by range later.
+version so that ``storage.temporal.index`` reads them (whole now if small, else by range
+later).
 """
 
 from __future__ import annotations
@@ -27,13 +29,20 @@ from rangestream.storage.temporal.index import RecordIndex
 from rangestream.storage.temporal.schema import RECORD_ROWS, TemporalSchema
 from rangestream.storage.temporal.write import FRAME_STARTS_ARRAY, HISTOGRAM_ARRAY, INDEX_ARRAY
 
-__all__ = ["StoredSchema", "open_record_index", "stored_schema"]
+__all__ = ["OPEN_INDEX_BYTES", "StoredSchema", "open_record_index", "stored_schema"]
 
 _INT64 = np.dtype("<i8")
 #: Most bytes of an index array's ``zarr.json``.
 _MAX_ARRAY_JSON_BYTES = 64 * 1024
 #: ``StoredArray.ident`` of the index arrays (group arrays count from 1).
 _INDEX_IDENT = 1 << 20
+#: A record index of at most this many stored bytes (``index/record_rows``, 16 bytes a
+#: record and a 4-byte checksum per inner chunk: 65,000 records or so) is read whole at
+#: open, in one request after the root, when the index cache holds it
+#: (``index_cache_bytes``): no window of such a dataset ever waits on an index request.
+#: Larger indexes are read by range, the chunks a window needs when it first needs them,
+#: so opening stays O(1) in the records.
+OPEN_INDEX_BYTES = 1 << 20
 
 
 def _array_length(raw: bytes, where: str, most: int) -> int:
@@ -116,8 +125,26 @@ def open_record_index(
     url: str | os.PathLike[str],
     field_groups: Sequence[Sequence[str]],
     cache_bytes: int,
+) -> Program[RecordIndex]:
+    """The record index: read whole at open when it is small (``OPEN_INDEX_BYTES``),
+    else by range later (opening then reads nothing past the root)."""
+    index = _record_index(manifest, url, field_groups, cache_bytes)
+    rows = index.rows
+    if rows is not None and index.count and index.whole_fits:
+        layout = rows.layout
+        stored = -(-index.count // layout.chunk_rows) * layout.stored_chunk_nbytes
+        if stored <= OPEN_INDEX_BYTES:
+            chunks = range(-(-index.count // index.chunk_rows))
+            yield from index.load(chunks)  # one request: every entry, checked and kept
+    return index
+
+
+def _record_index(
+    manifest: Manifest,
+    url: str | os.PathLike[str],
+    field_groups: Sequence[Sequence[str]],
+    cache_bytes: int,
 ) -> RecordIndex:
-    """The record index, read by range later: opening reads nothing past the root."""
     where = f"{url}/{ROOT_KEY}"
     schema, index_layout, starts_layout, histogram_layout = stored_schema(
         manifest, where, url, field_groups

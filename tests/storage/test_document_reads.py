@@ -1,0 +1,196 @@
+"""The mapped path of local document reads (``OpenedDocuments.read_mapped``): the read
+program's documents, errors and request counts, from mapped blocks in one pass."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rangestream import DocumentStorage, RecordField, RecordFormat
+from rangestream.errors import ChecksumError, OutOfRangeError
+from rangestream.io import IOStats
+from rangestream.types import DocumentStorageFormat
+
+#: Small blocks so that documents cross block boundaries; 512-byte heap chunks (default).
+LAYOUT = {"block_bytes": 1 << 14}
+
+
+class RawBytes(DocumentStorageFormat[bytes, tuple[int, bytes]]):
+    def pack(self, data: bytes) -> bytes:
+        return data
+
+    def unpack(self, encoded_data: Any, shard: int) -> tuple[int, bytes]:
+        return shard, bytes(encoded_data)
+
+
+def documents(count: int, seed: int) -> list[bytes]:
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(0, 3000, count)
+    sizes[::17] = 0  # empty documents among them
+    return [rng.integers(0, 256, int(n), dtype=np.uint8).tobytes() for n in sizes]
+
+
+def write(path: Path, docs: list[bytes], shards: int = 3, **options: Any) -> None:
+    storage = DocumentStorage(path, RawBytes(), **LAYOUT, **options)
+    per_shard = -(-len(docs) // shards)
+    with storage.sync_writer() as writer:
+        for i, doc in enumerate(docs):
+            writer.append(i // per_shard, doc)
+
+
+def readers(path: Path, **options: Any) -> tuple[Any, Any]:
+    """(mapped reader, the same dataset read by the program with ``pread``)."""
+    mapped = DocumentStorage(path, RawBytes(), **options).sync_reader()
+    program = DocumentStorage(path, RawBytes(), mapped=False, **options).sync_reader()
+    assert mapped.opened.mapped is not None and program.opened.mapped is None
+    return mapped, program
+
+
+def spent(reader: Any, call: Any) -> tuple[Any, IOStats]:
+    before = reader.stats.copy()
+    got = call()
+    return got, reader.stats - before
+
+
+def test_batches_match_the_program_in_documents_and_exact_request_counts(
+    tmp_path: Path,
+) -> None:
+    docs = documents(600, seed=1)
+    write(tmp_path / "ds", docs)
+    per_shard = 200
+    expected = [(i // per_shard, doc) for i, doc in enumerate(docs)]
+    mapped, program = readers(tmp_path / "ds")
+    for reader in (mapped, program):  # every offsets chunk kept: one heap round per batch
+        assert reader.read_many(list(range(600))) == expected
+    heap_rows = mapped.opened.manifest.arrays["payload_heap"].block_rows
+    ends = np.cumsum([0] + [len(d) for d in docs])
+    crossing = [
+        i
+        for i in range(600)
+        if docs[i] and (ends[i] // heap_rows != (ends[i + 1] - 1) // heap_rows)
+    ]
+    assert crossing  # the batches below include documents read as two pieces
+    rng = np.random.default_rng(2)
+    batches = [rng.integers(-600, 600, int(n)).tolist() for n in rng.integers(1, 40, 30)]
+    batches += [crossing[:8], [5, 5, 5], [0, 17, 34], list(range(300, 340))]
+    for batch in batches:
+        assert mapped.opened.read_mapped(batch) is not None  # served by the mapped path
+        got, mapped_spent = spent(mapped, lambda b=batch: mapped.read_many(b))
+        want, program_spent = spent(program, lambda b=batch: program.read_many(b))
+        assert got == want == [expected[i] for i in batch]
+        assert mapped_spent == program_spent
+        assert set(mapped_spent.by_key_kind) <= {"payload_heap"}
+    as_array, array_spent = spent(mapped, lambda: mapped.read_many(np.asarray(crossing[:5])))
+    assert as_array == [expected[i] for i in crossing[:5]]
+    assert array_spent == spent(program, lambda: program.read_many(crossing[:5]))[1]
+    got, one = spent(mapped, lambda: mapped.read(-1))
+    assert got == expected[-1] and one == spent(program, lambda: program.read(-1))[1]
+
+
+def test_a_batch_whose_offsets_are_not_kept_goes_to_the_program(tmp_path: Path) -> None:
+    docs = documents(400, seed=3)
+    write(tmp_path / "ds", docs, shards=1)
+    mapped, program = readers(tmp_path / "ds")
+    batch = [3, 390, 200]
+    assert mapped.opened.read_mapped(batch) is None  # cold offsets: nothing read or counted
+    assert mapped.stats.by_key_kind.keys() == {"zarr.json"}
+    got, mapped_spent = spent(mapped, lambda: mapped.read_many(batch))
+    want, program_spent = spent(program, lambda: program.read_many(batch))
+    assert got == want == [(0, docs[i]) for i in batch]
+    assert mapped_spent == program_spent
+    assert mapped_spent.by_key_kind["payload_offsets"] == 1  # chunks 0 to 3, adjacent
+    assert mapped.opened.read_mapped(batch) is not None  # kept now
+
+
+def test_out_of_range_and_non_integer_indexes_fail_as_the_program_fails(tmp_path: Path) -> None:
+    write(tmp_path / "ds", documents(50, seed=4), shards=1)
+    mapped, _ = readers(tmp_path / "ds")
+    mapped.read_many(list(range(50)))
+    for batch in ([0, 50], [-51]):
+        assert mapped.opened.read_mapped(batch) is None
+        with pytest.raises(OutOfRangeError, match="outside the 50 documents"):
+            mapped.read_many(batch)
+    assert mapped.opened.read_mapped([True, 1]) is None
+    with pytest.raises(TypeError, match="document index must be an integer"):
+        mapped.read_many([True, 1])
+    assert mapped.opened.read_mapped([]) is None and mapped.read_many([]) == []
+
+
+def test_a_damaged_chunk_fails_with_the_programs_error_and_counts(tmp_path: Path) -> None:
+    docs = [bytes([i % 251]) * 700 for i in range(100)]
+    write(tmp_path / "ds", docs, shards=1)
+    root = json.loads((tmp_path / "ds" / "zarr.json").read_bytes())["attributes"]["rangestream"]
+    block = next((tmp_path / "ds" / root["data_prefix"]).glob("shards/0/payload_heap/c/1"))
+    mapped, program = readers(tmp_path / "ds")
+    heap = mapped.opened.manifest.arrays["payload_heap"]
+    data = bytearray(block.read_bytes())
+    data[heap.stored_chunk_nbytes + 100] ^= 0xFF  # inner chunk 1 of heap block 1
+    block.write_bytes(bytes(data))
+    victim = (heap.block_rows + heap.chunk_rows + 100) // 700  # the document holding it
+    failures = []
+    for reader in (mapped, program):
+        reader.read_many([0, 99])  # offsets kept (one chunk of 128), block 1 not touched
+        assert reader is program or reader.opened.read_mapped([victim - 4]) is not None
+        before = reader.stats.copy()
+        with pytest.raises(ChecksumError, match=r"payload_heap/c/1 .*inner chunk 1 "):
+            reader.read_many([victim, 2])
+        failures.append(reader.stats - before)
+        assert reader.read(victim + 3) == (0, docs[victim + 3])  # other chunks still read
+    assert failures[0] == failures[1] and failures[0].by_key_kind == {"payload_heap": 2}
+
+
+def test_keys_of_small_records_are_read_whole_from_the_mapping(tmp_path: Path) -> None:
+    fields = RecordFormat(
+        [RecordField("tokens", np.dtype("<i4")), RecordField("id", np.dtype("<i8"), ndim=0)]
+    )
+    storage = DocumentStorage(tmp_path / "rec", fields, **LAYOUT)
+    with storage.sync_writer() as writer:
+        for i in range(300):
+            writer.append(i % 2, {"tokens": np.arange(i % 50, dtype="<i4"), "id": np.int64(i)})
+    mapped = DocumentStorage(tmp_path / "rec").sync_reader()
+    program = DocumentStorage(tmp_path / "rec", mapped=False).sync_reader()
+    for reader in (mapped, program):
+        reader.read_many(list(range(300)))
+    batch = [299, 0, 151, 150, 7]
+    assert mapped.opened.read_mapped(batch, ["id"]) is not None
+    for keys in (["id"], None, ["tokens", "id"]):
+        got, mapped_spent = spent(mapped, lambda k=keys: mapped.read_many(batch, k))
+        want, program_spent = spent(program, lambda k=keys: program.read_many(batch, k))
+        assert mapped_spent == program_spent
+        for record, other in zip(got, want, strict=True):
+            assert record.keys() == other.keys()
+            for key in record:
+                np.testing.assert_array_equal(record[key], other[key])
+        # global order: shard 0's records (even appends), then shard 1's (odd ones)
+        assert [int(r["id"]) for r in got] == [2 * j if j < 150 else 2 * (j - 150) + 1
+                                               for j in batch]  # fmt: skip
+
+
+def test_the_async_reader_takes_the_mapped_path_too(tmp_path: Path) -> None:
+    docs = documents(300, seed=5)
+    write(tmp_path / "ds", docs)
+    expected = [(i // 100, doc) for i, doc in enumerate(docs)]
+    storage = DocumentStorage(tmp_path / "ds", RawBytes())
+
+    async def main() -> tuple[list[Any], IOStats, bool]:
+        async with storage.async_reader() as reader:
+            await reader.read_many(list(range(300)))
+            before = reader.stats.copy()
+            got = await reader.read_many([5, 250, -1, 101])
+            one = await reader.read(7)
+            used = reader.stats - before
+            return [*got, one], used, reader.opened.read_mapped([1]) is not None
+
+    got, async_spent, served = asyncio.run(main())
+    _, program = readers(tmp_path / "ds")
+    program.read_many(list(range(300)))
+    want, program_spent = spent(
+        program, lambda: [*program.read_many([5, 250, -1, 101]), program.read(7)]
+    )
+    assert served and got == want == [expected[i] for i in (5, 250, -1, 101, 7)]
+    assert async_spent == program_spent
