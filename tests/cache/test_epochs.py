@@ -56,13 +56,21 @@ def test_a_second_shuffled_epoch_through_two_workers_is_served_by_the_cache(
     s3_proxy.reset_stats()
     first = epoch_windows(loader)
     cold = s3_proxy.stats().method("GET")
+    after_first = loader.source_stats()["source"]
     s3_proxy.reset_stats()
     second = epoch_windows(loader)
     warm = s3_proxy.stats().method("GET")
+    after_second = loader.source_stats()["source"]
     assert sorted(first) == sorted(second) == list(range(WINDOWS))
     assert first != second  # shuffled anew
     assert cold >= 400  # a request per run of 4 windows at least (500 runs)
     assert warm <= cold // 100, (cold, warm)
+    # the loader's counts, added up over its workers: what the proxy saw, and the cache's
+    assert after_first["requests"] == cold and after_first["cache_misses"] >= 400
+    epoch2 = {name: after_second[name] - after_first[name] for name in after_first}
+    assert epoch2["requests"] == warm and epoch2["cache_misses"] == 0
+    assert epoch2["cache_hits"] >= 400  # a hit per run at least (500 runs)
+    assert epoch2["cache_bytes"] >= WINDOWS * WINDOW * 4  # every token from the cache
     summary = summarize_cache(cache)
     assert summary.hits > 0 and summary.dropped == 0
     stored = sum(b for _n, b in summary.datasets.values())
