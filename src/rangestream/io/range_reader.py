@@ -199,7 +199,9 @@ class RangeReader:
     ) -> list[bytes | memoryview]:
         """Bytes of each request, in order; ranges are coalesced, suffixes fetched as is.
 
-        With a byte cache, ``cached=False`` skips it (the cache tier's own fetch of misses).
+        With a byte cache, ``cached=False`` skips it: the cache tier's own fetch of misses,
+        coalesced already and cut around bytes the cache or another process holds, so its
+        ranges are merged only where they touch (a gap between them is not fetched again).
         """
         if cached and self.cache is not None and self.cache.enabled:
             return await fetch_through_cache(self, requests, max_concurrency)
@@ -208,7 +210,9 @@ class RangeReader:
         ranges = [(i, r) for i, r in enumerate(requests) if isinstance(r, RangeRequest)]
         others = [(i, r) for i, r in enumerate(requests) if not isinstance(r, RangeRequest)]
         merged = coalesce(
-            [r for _, r in ranges], gap=self.coalesce_gap, max_bytes=self.max_coalesced_bytes
+            [r for _, r in ranges],
+            gap=self.coalesce_gap if cached else 0,
+            max_bytes=self.max_coalesced_bytes,
         )
         semaphore = asyncio.Semaphore(limit)
 

@@ -10,7 +10,9 @@ local datasets run the same programs (the httpx pattern: one core, two edges).
 - :class:`RemoteExecutor` turns a step's pieces into byte ranges (by arithmetic for dense
   blocks, through cached chunk indexes otherwise), fetches them with the range reader
   (coalesced, bounded, retried, counted), checks each range's checksums in one pass and
-  copies the rows out.
+  copies the rows out. Bytes that fail their checksums while the reader has a byte cache
+  may come from an entry damaged since the cache checked it: the entries holding them are
+  dropped (counted) and the range fetched once more before the damage is reported.
 - :class:`MappedExecutor` serves a step on a local dense dataset from mapped blocks, each
   inner chunk checked the first time this process reads it, and counts exactly the
   requests the remote executor would have made for it. What it cannot serve (a missing or
@@ -25,6 +27,7 @@ from typing import Any, TypeVar
 
 from rangestream.errors import ChecksumError, CorruptDataError
 from rangestream.io import mapped as mapped_files
+from rangestream.io.cache.byte_cache import is_cacheable_key
 from rangestream.io.local import INLINE_READ_BYTES, LocalStore
 from rangestream.io.mapped import LocalMapCache, MappedFile
 from rangestream.io.process import run_blocking
@@ -115,7 +118,11 @@ class RemoteExecutor:
                 datas = await self.reader.fetch(requests, max_concurrency=max_concurrency)
             else:  # one range: no coalescing, no per-call bound to set up
                 datas = [await self.reader.fetch_range(requests[0])]
-            return self._finish_direct(direct, datas)
+            damaged = self._finish_direct(direct, datas, refetch=True)
+            if damaged:  # dropped from the byte cache: fetched again, and now final
+                again = await self.reader.fetch([r for _p, r in damaged])
+                self._finish_direct(damaged, again)
+            return [None] * len(direct)
         rounds = self._rounds(step)
         try:
             requests = next(rounds)
@@ -130,7 +137,10 @@ class RemoteExecutor:
         direct = direct_spans(step)
         if direct is not None:
             datas = self.reader.fetch_sync([request for _piece, request in direct])
-            return self._finish_direct(direct, datas)
+            damaged = self._finish_direct(direct, datas, refetch=True)
+            if damaged:
+                self._finish_direct(damaged, self.reader.fetch_sync([r for _p, r in damaged]))
+            return [None] * len(direct)
         rounds = self._rounds(step)
         try:
             requests = next(rounds)
@@ -139,12 +149,35 @@ class RemoteExecutor:
         except StopIteration as stop:
             return stop.value  # type: ignore[no-any-return]
 
-    def _finish_direct(self, direct: list[tuple[Piece, RangeRequest]], datas: Any) -> list[Any]:
-        """Check and copy the rows of a direct step (see ``direct_spans``)."""
+    def _finish_direct(
+        self, direct: list[tuple[Piece, RangeRequest]], datas: Any, *, refetch: bool = False
+    ) -> list[tuple[Piece, RangeRequest]]:
+        """Check and copy the rows of a direct step (see ``direct_spans``).
+
+        With ``refetch``, pieces whose bytes failed their checksums and may come from the
+        byte cache are returned (their entries dropped) for the caller to fetch again.
+        """
+        damaged = []
         for (piece, request), data in zip(direct, datas, strict=True):
-            self._copy_span(piece, piece.first_chunk, piece.end_chunk, request, data)
+            try:
+                self._copy_span(piece, piece.first_chunk, piece.end_chunk, request, data)
+            except CorruptDataError:
+                if not (refetch and self._forget_cached(request)):
+                    raise
+                damaged.append((piece, request))
+                continue
             piece.read.ready()
-        return [None] * len(direct)
+        return damaged
+
+    def _forget_cached(self, request: ByteRequest) -> bool:
+        """Whether ``request``'s bytes may have come from the byte cache; if so its entries
+        holding them are dropped (counted) so that fetching them again reads the store."""
+        reader = self.reader
+        cache = reader.cache
+        if cache is None or not cache.enabled or not is_cacheable_key(request.key):
+            return False
+        cache.forget(reader.store.url, request, reader.counter.cache)
+        return True
 
     def _rounds(self, step: Step) -> _Rounds:
         """One step as rounds of byte requests: probes, chunk indexes, then the rows."""
@@ -162,10 +195,22 @@ class RemoteExecutor:
                     missing[key] = layout
         if missing:
             keys = list(missing)
-            raws = yield [SuffixRequest(key, missing[key].index_nbytes) for key in keys]
-            for key, raw in zip(keys, raws, strict=True):
+            suffixes = [SuffixRequest(key, missing[key].index_nbytes) for key in keys]
+            raws = yield suffixes
+            damaged = []
+            for key, suffix, raw in zip(keys, suffixes, raws, strict=True):
                 where = f"{self.describe(key)} chunk index"
-                self.block_indexes.put(key, parse_block_index(missing[key], raw, where))
+                try:
+                    self.block_indexes.put(key, parse_block_index(missing[key], raw, where))
+                except CorruptDataError:
+                    if not self._forget_cached(suffix):
+                        raise
+                    damaged.append((key, suffix))
+            if damaged:  # dropped from the byte cache: read again from the store
+                raws = yield [suffix for _key, suffix in damaged]
+                for (key, _suffix), raw in zip(damaged, raws, strict=True):
+                    where = f"{self.describe(key)} chunk index"
+                    self.block_indexes.put(key, parse_block_index(missing[key], raw, where))
 
         requests: list[ByteRequest] = []
         spans: list[tuple[Piece, int, int]] = []  # (piece, first chunk, end chunk)
@@ -187,8 +232,20 @@ class RemoteExecutor:
                 spans.append((piece, first, last + 1))
         others = [item for item in step if not isinstance(item, RowRead)]
         datas = (yield requests + others) if requests or others else []
-        for (piece, first, end), request, data in zip(spans, requests, datas, strict=False):
-            self._copy_span(piece, first, end, request, data)
+        damaged = []
+        for number, request, data in zip(range(len(spans)), requests, datas, strict=False):
+            piece, first, end = spans[number]
+            try:
+                self._copy_span(piece, first, end, request, data)
+            except CorruptDataError:
+                if not self._forget_cached(request):
+                    raise
+                damaged.append(number)
+        if damaged:  # dropped from the byte cache: fetched again, and now final
+            again = yield [requests[number] for number in damaged]
+            for number, data in zip(damaged, again, strict=True):
+                piece, first, end = spans[number]
+                self._copy_span(piece, first, end, requests[number], data)
         for read in reads:
             read.ready()  # reads of no rows get their (empty) outputs too
         results: list[Any] = [None] * len(step)

@@ -39,7 +39,7 @@ from rangestream.errors import LoaderConfigError, StateError
 from rangestream.loader.from_storage import StorageConstructors
 from rangestream.loader.iterable import BatchIterableDataset
 from rangestream.loader.position import LoaderPosition
-from rangestream.loader.transport import Bundle, for_transport
+from rangestream.loader.transport import IO_FIELDS, Bundle, for_transport
 from rangestream.loader.worker_guard import WorkerStart
 
 __all__ = ["STATE_VERSION", "LoaderSteps", "StatefulDataLoader", "StepIterator"]
@@ -194,32 +194,35 @@ class StatefulDataLoader(StorageConstructors, torchdata.stateful_dataloader.Stat
     def _end_epoch(self) -> None:
         self.dataset.seek(self.dataset.position.next_epoch())
 
-    def _count_io(self, io: list[tuple[int, int]] | None) -> None:
+    def _count_io(self, io: list[tuple[int, ...]] | None) -> None:
         if not io:
             return
         totals = self._io_by_source
         if not totals:
-            totals.extend([0, 0] for _ in io)
-        for total, (requests, nbytes) in zip(totals, io, strict=True):
-            total[0] += requests
-            total[1] += nbytes
+            totals.extend([0] * len(IO_FIELDS) for _ in io)
+        for total, counts in zip(totals, io, strict=True):
+            for field, count in enumerate(counts):
+                total[field] += count
 
     def source_stats(self) -> dict[str, dict[str, int]]:
-        """What each source contributed: samples, requests and bytes.
+        """What each source contributed: samples, requests and bytes, cache hits.
 
         ``samples``: of the current epoch's consumed positions, over all ranks together
         (computed from the order: exact, whatever was read ahead). ``requests`` and
         ``bytes``: what this rank's readers (workers, and this process for a head start)
         have read from each source since this loader was made, opens included, read ahead
-        included. A single source is reported under the name ``"source"``.
+        included. With a node-local byte cache (``cache_dir=``), ``cache_hits`` and
+        ``cache_misses`` count those readers' requests it served whole or not, and
+        ``cache_bytes`` the bytes it served (not in ``bytes``); all zero without one. A
+        single source is reported under the name ``"source"``.
         """
         source = self.dataset.source
         position = self.dataset.position
         samples = source.source_counts(position.epoch, 0, position.consumed_samples)
-        io = self._io_by_source or [[0, 0] for _ in samples]
+        io = self._io_by_source or [[0] * len(IO_FIELDS) for _ in samples]
         return {
-            name: {"samples": count, "requests": requests, "bytes": nbytes}
-            for (name, count), (requests, nbytes) in zip(samples.items(), io, strict=True)
+            name: {"samples": count, **dict(zip(IO_FIELDS, counts, strict=True))}
+            for (name, count), counts in zip(samples.items(), io, strict=True)
         }
 
     def set_weights(self, weights: dict[str, float]) -> None:
@@ -366,7 +369,7 @@ class LoaderSteps:
     #: The epoch ended: the position moves to the next epoch's start.
     end_epoch: Callable[[], None]
     #: Add a batch's per-source requests and bytes to the loader's totals.
-    count_io: Callable[[list[tuple[int, int]] | None], None]
+    count_io: Callable[[list[tuple[int, ...]] | None], None]
 
 
 class StepIterator(Iterator[Any]):

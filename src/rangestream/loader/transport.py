@@ -30,7 +30,8 @@ past the end of the worker's share.
 Per-source I/O counters (:class:`SourceIO`): workers read; the loader in the training
 process reports (``source_stats``). So a worker sends, with every batch, what each source's
 reader made since its previous batch, and the loader adds it up: exact whatever the number
-of workers, restarts or persistent workers.
+of workers, restarts or persistent workers. The counts are :data:`IO_FIELDS`: requests and
+bytes fetched, and the node-local byte cache's hits, misses and bytes it served.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from torch.utils.data import get_worker_info
 __all__ = [
     "BUNDLE_BATCHES",
     "BY_VALUE_MAX_BYTES",
+    "IO_FIELDS",
     "Bundle",
     "SourceIO",
     "bundled",
@@ -155,14 +157,20 @@ def bundled(items: Iterator[Any], most: int = BUNDLE_BATCHES) -> Iterator[Bundle
         size = most
 
 
+#: What a reader's I/O counts hold, in order (``StatefulDataLoader.source_stats`` keys).
+IO_FIELDS = ("requests", "bytes", "cache_hits", "cache_misses", "cache_bytes")
+_NO_IO = (0,) * len(IO_FIELDS)
+
+
 class SourceIO:
-    """Requests and bytes of the readers of one process, as deltas between batches."""
+    """The I/O counts (:data:`IO_FIELDS`) of the readers of one process, as deltas between
+    batches."""
 
     def __init__(self) -> None:
         self._reader: Any = None
         self._readers: list[Any] = []
-        self._seen: list[tuple[int, int]] = []
-        self._counters: list[Callable[[], tuple[int, int]]] = []
+        self._seen: list[tuple[int, ...]] = []
+        self._counters: list[Callable[[], tuple[int, ...]]] = []
 
     def note(self, reader: Any, readers: list[Any]) -> None:
         """Count ``reader`` from now on: ``readers``, the reader of each of its sources
@@ -173,22 +181,25 @@ class SourceIO:
             self._seen = []
             self._counters = []
 
-    def delta(self) -> list[tuple[int, int]] | None:
-        """``(requests, bytes)`` per source since the previous call; ``None`` before any
-        reader was noted."""
+    def delta(self) -> list[tuple[int, ...]] | None:
+        """The counts (:data:`IO_FIELDS`) per source since the previous call; ``None``
+        before any reader was noted."""
         reader = self._reader
         if reader is None:
             return None
         if not self._counters:
             self._counters = [_io_counts(one) for one in self._readers]
         now = [counts() for counts in self._counters]
-        seen = self._seen or [(0, 0)] * len(now)
+        seen = self._seen or [_NO_IO] * len(now)
         self._seen = now
-        return [(r - r0, b - b0) for (r, b), (r0, b0) in zip(now, seen, strict=True)]
+        return [
+            tuple(a - b for a, b in zip(new, old, strict=True))
+            for new, old in zip(now, seen, strict=True)
+        ]
 
 
-def _io_counts(reader: Any) -> Callable[[], tuple[int, int]]:
-    """Requests and bytes a reader has made so far, read cheaply on every batch.
+def _io_counts(reader: Any) -> Callable[[], tuple[int, ...]]:
+    """The counts (:data:`IO_FIELDS`) a reader has made so far, read cheaply every batch.
 
     A dataset reader's ``stats`` is a snapshot (about 20 us, per batch and source); the live
     counter behind it (``storage_reader.opened.reader.counter``, an ``IOCounter``) is summed
@@ -198,16 +209,23 @@ def _io_counts(reader: Any) -> Callable[[], tuple[int, int]]:
     opened = getattr(getattr(reader, "storage_reader", None), "opened", None)
     counter = getattr(getattr(opened, "reader", None), "counter", None)
     kinds = getattr(counter, "kinds", None)
-    if isinstance(kinds, dict):
+    cache = getattr(counter, "cache", None)
+    if isinstance(kinds, dict) and isinstance(cache, list):
 
-        def live() -> tuple[int, int]:
+        def live() -> tuple[int, ...]:
             requests = nbytes = 0
             for count, size in list(kinds.values()):
                 requests += count
                 nbytes += size
-            return requests, nbytes
+            return requests, nbytes, cache[0], cache[1], cache[2]
 
         return live
     if hasattr(reader, "stats"):
-        return lambda: (reader.stats.requests, reader.stats.bytes)
-    return lambda: (0, 0)
+
+        def snapshot() -> tuple[int, ...]:
+            stats = reader.stats
+            cached = (getattr(stats, name, 0) for name in IO_FIELDS[2:])
+            return (stats.requests, stats.bytes, *cached)
+
+        return snapshot
+    return lambda: _NO_IO

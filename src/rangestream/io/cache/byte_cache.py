@@ -13,6 +13,7 @@ Layout of a cache directory::
 
     LOCK  SIZE  STATS                       flock'ed lock; accounted bytes; hit counts (JSON)
     tmp/<pid>-<random>-<nbytes>             entries being written (renamed into place)
+    claims/<object tag>-<start>-<end>-<random>    ranges being fetched (``claims``)
     <dataset id>/URL                        the dataset's URL, for ``rangestream cache``
     <dataset id>/<commit>/<object>/r<start>-<end>   a fetched range of one object
     <dataset id>/<commit>/<object>/s<n>              its last n bytes (a chunk index)
@@ -30,7 +31,14 @@ before a file is written, evicting least recently used entries (file mtimes; a h
 its entry) down to 90% of the budget when needed, so entry files never total more than
 ``cache_bytes``. The slack on disk is the directories, the three small files and the file
 system's block rounding (at most one block per entry). Two processes missing the same range
-at once both fetch it (at worst twice, never torn): the second rename replaces the first.
+at once fetch it once: the first claims it (``claims``) and the second waits for its entry;
+at worst (a claim older than a minute, a suffix) twice, never torn: the second rename
+replaces the first.
+
+A process that verified an entry reads it again without its CRC; if the entry is damaged
+since (overwritten in place), the executor's inner-chunk checksums fail on those bytes and
+it asks the cache to ``forget`` the range (the entries are dropped, counted) and fetches it
+again from the store, so the training loop never sees the damage.
 
 Any OS error writing (a full disk, a read-only mount) turns the cache off for this process
 with one warning; training goes on reading the store.
@@ -55,6 +63,16 @@ from pathlib import Path
 
 import google_crc32c
 
+from rangestream.io.cache.claims import (
+    CLAIMS,
+    ClaimedParts,
+    claim_is_live,
+    hold_claim,
+    object_tag,
+    read_claims,
+    release_claim,
+    split_covered,
+)
 from rangestream.io.ranges import ByteRequest, ObjectRequest, RangeRequest, SuffixRequest
 
 __all__ = [
@@ -111,8 +129,11 @@ class ByteCache:
         self._pending = [0, 0, 0, 0]
         self._mutex = threading.Lock()
         self._flushed_at = time.monotonic()
+        #: This process's claims being fetched: fd -> path (closed in a forked child).
+        self._held: dict[int, str] = {}
         self.directory.mkdir(parents=True, exist_ok=True)
         (self.directory / "tmp").mkdir(exist_ok=True)
+        (self.directory / CLAIMS).mkdir(exist_ok=True)
 
     # -- reading --------------------------------------------------------------------------
     def lookup(self, url: str, request: ByteRequest, counts: list[int]) -> bytes | None:
@@ -158,6 +179,62 @@ class ByteCache:
         counts[3] += self._pending[3] - before
         self._count(counts, not holes, sum(len(p) for _, p in pieces))
         return pieces, holes
+
+    def kept(
+        self, url: str, request: RangeRequest, counts: list[int]
+    ) -> tuple[list[tuple[int, bytes]], list[tuple[int, int]]]:
+        """``lookup_range`` for a part another process fetched for this request: its bytes
+        count as served from the cache, the request was counted (a miss) already."""
+        if not self.enabled:
+            return [], [(request.start, request.end)]
+        before = self._pending[3]
+        folder = self._object_folder(url, request.key)
+        try:
+            pieces, holes = self._assemble(folder, request.start, request.end)
+        except OSError as error:
+            self._disable(f"reading {folder}", error)
+            pieces, holes = [], [(request.start, request.end)]
+        served = sum(len(p) for _, p in pieces)
+        with self._mutex:
+            counts[3] += self._pending[3] - before
+            self._pending[2] += served
+            counts[2] += served
+        return pieces, holes
+
+    def forget(self, url: str, request: ByteRequest, counts: list[int]) -> None:
+        """Drop every entry holding bytes of ``request`` (counted): its bytes were found
+        damaged after the entry's first check, so the next read fetches them again."""
+        if not self.enabled or not is_cacheable_key(request.key):
+            return
+        before = self._pending[3]
+        folder = self._object_folder(url, request.key)
+        try:
+            names = os.listdir(folder)
+        except FileNotFoundError:
+            return
+        except OSError as error:
+            self._disable(f"reading {folder}", error)
+            return
+        for name in names:
+            path = folder / name
+            match = _RANGE_ENTRY.match(name)
+            if isinstance(request, RangeRequest):
+                if match is None:
+                    continue
+                low, high = int(match.group(1)), int(match.group(2))
+                if not (low < request.end and high > request.start):
+                    continue
+                size = HEADER + high - low  # as accounted when written
+            elif name != _entry_name(request):
+                continue
+            else:
+                try:
+                    size = os.path.getsize(path)
+                except FileNotFoundError:
+                    continue
+            self._verified.discard(str(path))
+            self._drop(path, size)
+        counts[3] += self._pending[3] - before
 
     def _count(self, counts: list[int], hit: bool, served: int) -> None:
         """One request: a hit (``served`` bytes from disk) or a miss (partial pieces too)."""
@@ -246,6 +323,71 @@ class ByteCache:
         with suppress(FileNotFoundError):
             os.utime(path)  # recency, for eviction across processes
         return data
+
+    # -- claims ---------------------------------------------------------------------------
+    def claim(self, url: str, ranges: list[RangeRequest]) -> ClaimedParts:
+        """Decide who fetches what of ``ranges`` (misses about to be fetched): the parts no
+        entry and no other live claim covers are claimed for this process (``mine``); the
+        rest (``theirs``) is read from the cache after waiting for ``awaited``.
+
+        Release the claims with ``release`` once ``mine`` is fetched and kept.
+        """
+        if not self.enabled or not ranges:
+            return ClaimedParts(mine=list(ranges))
+        parts = ClaimedParts()
+        try:
+            with self._locked():
+                self._claim_locked(url, ranges, parts)
+        except OSError as error:
+            self.release(parts)
+            self._disable(f"claiming ranges in {self.directory}", error)
+            return ClaimedParts(mine=list(ranges))
+        return parts
+
+    def _claim_locked(self, url: str, ranges: list[RangeRequest], parts: ClaimedParts) -> None:
+        where = self.directory / CLAIMS
+        claims = read_claims(where)
+        now = time.time()
+        live: dict[str, bool] = {}
+        spans: dict[Path, list[tuple[int, int]]] = {}
+        for request in ranges:
+            folder = self._object_folder(url, request.key)
+            tag = object_tag(folder)
+            covered = []
+            for low, high, path in claims.get(tag, ()):
+                if low < request.end and high > request.start:
+                    if path not in live:
+                        live[path] = claim_is_live(path, now)
+                        if live[path]:
+                            parts.awaited.append(path)
+                        else:
+                            with suppress(FileNotFoundError):
+                                os.unlink(path)  # released or abandoned
+                    if live[path]:
+                        covered.append((low, high))
+            if folder not in spans:
+                spans[folder] = _range_spans(folder)
+            covered += spans[folder]
+            free, taken = split_covered(request.start, request.end, covered)
+            for low, high in free:
+                path, fd = hold_claim(where, tag, low, high)
+                parts.held.append((path, fd))
+                self._held[fd] = path
+                parts.mine.append(RangeRequest(request.key, low, high))
+            parts.theirs += [RangeRequest(request.key, low, high) for low, high in taken]
+
+    def release(self, parts: ClaimedParts) -> None:
+        """Release this process's claims of ``parts`` (after keeping what they fetched)."""
+        for path, fd in parts.held:
+            if self._held.pop(fd, None) is not None:
+                with suppress(OSError):  # a claim left behind is ignored once unlocked
+                    release_claim(path, fd)
+        parts.held = []
+
+    @staticmethod
+    def claim_is_live(path: str) -> bool:
+        """Whether another process still fetches the range of the claim at ``path``."""
+        return claim_is_live(path)
 
     # -- writing --------------------------------------------------------------------------
     def store(self, url: str, request: ByteRequest, data: bytes | memoryview) -> None:
@@ -388,6 +530,26 @@ class ByteCache:
         """A forked child counts from zero (its parent flushes its own counts)."""
         self._pending = [0, 0, 0, 0]
         self._mutex = threading.Lock()
+        # the parent's claims stay locked by the parent alone: closing the child's copies
+        # of their descriptors leaves the lock with the parent's open description
+        for fd in self._held:
+            with suppress(OSError):
+                os.close(fd)
+        self._held = {}
+
+
+def _range_spans(folder: Path) -> list[tuple[int, int]]:
+    """The byte ranges an object's range entries hold (none if it has no folder yet)."""
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return []
+    spans = []
+    for name in names:
+        match = _RANGE_ENTRY.match(name)
+        if match is not None:
+            spans.append((int(match.group(1)), int(match.group(2))))
+    return spans
 
 
 def _entry_name(request: ByteRequest) -> str:
@@ -446,9 +608,14 @@ def scan_entries(directory: Path) -> tuple[list[tuple[float, int, Path]], int]:
         except FileNotFoundError:
             continue
         temps += int(temp.name.rsplit("-", 1)[-1] or 0)
+    with suppress(FileNotFoundError):  # claims of processes that died long ago
+        for claim in os.scandir(directory / CLAIMS):
+            with suppress(FileNotFoundError):
+                if now - claim.stat().st_mtime > STALE_TEMP_SECONDS:
+                    os.unlink(claim.path)
     entries: list[tuple[float, int, Path]] = []
     for dataset in os.scandir(directory):
-        if not dataset.is_dir() or dataset.name == "tmp":
+        if not dataset.is_dir() or dataset.name in ("tmp", CLAIMS):
             continue
         for commit in os.scandir(dataset.path):
             if not commit.is_dir():

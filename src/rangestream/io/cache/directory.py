@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rangestream.io.cache.byte_cache import read_stats, scan_entries
+from rangestream.io.cache.claims import CLAIMS
 
 __all__ = ["CacheSummary", "clear_cache", "summarize_cache"]
 
@@ -83,7 +84,7 @@ def clear_cache(directory: str | os.PathLike[str]) -> int:
     root = Path(directory)
     summary = summarize_cache(root)
     for child in root.iterdir():
-        if child.is_dir() and child.name != "tmp":
+        if child.is_dir() and child.name not in ("tmp", CLAIMS):
             shutil.rmtree(child, ignore_errors=True)
     for name in ("SIZE", "STATS"):
         (root / name).unlink(missing_ok=True)
