@@ -1,8 +1,10 @@
 """Shuffled (and sequential) DataLoader epochs, rangestream against LitData, local and S3.
 
 Run: ``python -m benchmarks.loader_shuffle`` (``--tokens``, ``--repeats``, ``--only``,
-``--latency-ms``, ``--no-litdata``, ``--pythonpath DIR`` to measure another checkout's
-``src``).
+``--latency-ms``, ``--systems``, ``--pythonpath DIR`` to measure another checkout's
+``src``; ``--epochs N`` plays N epochs with one loader and reports each epoch's first batch
+and the microseconds per window over all of them, epoch boundaries included;
+``--workers`` and ``--persistent on|off`` set the loader's workers for A/B runs).
 
 Every system loads windows of 2,049 tokens (2,048 and the next) of one int32 token stream in
 batches of 8 with two DataLoader workers, as one rank of a training job, for one epoch:
@@ -77,7 +79,9 @@ def prepare(work: Path, tokens: int, litdata: bool) -> None:
         )
 
 
-def _rs_loader(system: str, url: str, storage_options: dict[str, Any] | None) -> Any:
+def _rs_loader(
+    system: str, url: str, storage_options: dict[str, Any] | None, options: dict[str, Any]
+) -> Any:
     from rangestream import StatefulDataLoader, StreamNumpyFormat, StreamStorage
 
     kwargs: dict[str, Any] = {}
@@ -89,7 +93,7 @@ def _rs_loader(system: str, url: str, storage_options: dict[str, Any] | None) ->
         shuffle = "window"
     return StatefulDataLoader.from_storage(
         storage, sequence_length=WINDOW - 1, next_token=True, batch_size=BATCH,
-        num_workers=WORKERS, shuffle=shuffle,
+        shuffle=shuffle, **options,
     )  # fmt: skip
 
 
@@ -118,46 +122,65 @@ def _litdata_loader(work: Path, endpoint: dict[str, Any] | None) -> Any:
     return StreamingDataLoader(dataset, batch_size=BATCH, num_workers=WORKERS)
 
 
-def measure_one(system: str, work: Path, endpoint: dict[str, Any] | None) -> dict[str, Any]:
-    """One epoch of ``system``: first batch, steady windows/s, requests per window."""
+def measure_one(
+    system: str, work: Path, endpoint: dict[str, Any] | None, settings: dict[str, Any]
+) -> dict[str, Any]:
+    """``settings["epochs"]`` epochs of ``system`` with one loader: each epoch's first
+    batch, steady windows/s of the first epoch, microseconds per window over all epochs
+    (epoch boundaries included), and over S3 requests and bytes read per window."""
+    options: dict[str, Any] = {"num_workers": settings.get("workers", WORKERS)}
+    if settings.get("persistent") in ("on", "off"):
+        options["persistent_workers"] = settings["persistent"] == "on"
     if system == "litdata":
         loader = _litdata_loader(work, endpoint)
     elif endpoint:
         url = f"s3://{endpoint['bucket']}/{endpoint['prefix']}/rs"
-        options = {
+        storage_options = {
             "key": endpoint["access_key"], "secret": endpoint["secret_key"],
             "client_kwargs": {"endpoint_url": endpoint["proxy_url"],
                               "region_name": endpoint["region"]},
             "config_kwargs": {"max_pool_connections": 64},
         }  # fmt: skip
-        loader = _rs_loader(system, url, options)
+        loader = _rs_loader(system, url, storage_options, options)
     else:
-        loader = _rs_loader(system, str(work / "rs"), None)
+        loader = _rs_loader(system, str(work / "rs"), None, options)
     if endpoint:
         _reset_proxy(endpoint)
-    started = time.perf_counter()
+    firsts: list[float] = []
     windows = 0
-    first = steady_from = 0.0
+    steady_from = 0.0
     steady_windows = 0
-    for number, batch in enumerate(loader):
-        rows = batch.shape[0] if hasattr(batch, "shape") else batch["tokens"].shape[0]
-        windows += rows
-        if number == 0:
-            first = time.perf_counter() - started
-        if number == WARMUP_BATCHES:
-            steady_from, steady_windows = time.perf_counter(), windows
+    first_epoch_end = 0.0
+    first_epoch_windows = 0
+    began = time.perf_counter()
+    for epoch in range(int(settings.get("epochs", 1))):
+        started = time.perf_counter()
+        for number, batch in enumerate(loader):
+            rows = batch.shape[0] if hasattr(batch, "shape") else batch["tokens"].shape[0]
+            windows += rows
+            if number == 0:
+                firsts.append(time.perf_counter() - started)
+            if epoch == 0 and number == WARMUP_BATCHES:
+                steady_from, steady_windows = time.perf_counter(), windows
+        if epoch == 0:
+            first_epoch_end, first_epoch_windows = time.perf_counter(), windows
     ended = time.perf_counter()
     result: dict[str, Any] = {
         "system": system,
         "windows": windows,
-        "first_batch_s": first,
-        "windows_per_s": (windows - steady_windows) / (ended - steady_from)
+        "first_batch_s": firsts[0],
+        "later_first_batch_s": firsts[1:],
+        "windows_per_s": (first_epoch_windows - steady_windows) / (first_epoch_end - steady_from)
         if steady_from
-        else windows / (ended - started),
+        else first_epoch_windows / (first_epoch_end - began),
+        "us_per_window": (ended - began) / max(windows, 1) * 1e6,
     }
+    if len(firsts) > 1:
+        result["later_first_batch_max_s"] = max(firsts[1:])
     if endpoint:
-        gets = _proxy_gets(endpoint)
+        gets, nbytes = _proxy_counts(endpoint)
         result["requests_per_window"] = gets / max(windows, 1)
+        result["bytes_per_byte"] = nbytes / max(windows * WINDOW * TOKEN.itemsize, 1)
     if system == "litdata":
         cache = work / f"litdata-cache-{os.getpid()}"
         result["local_disk_mb"] = (
@@ -173,20 +196,26 @@ def _reset_proxy(endpoint: dict[str, Any]) -> None:
     urllib.request.urlopen(request, timeout=10).close()
 
 
-def _proxy_gets(endpoint: dict[str, Any]) -> int:
+def _proxy_counts(endpoint: dict[str, Any]) -> tuple[int, int]:
+    """GET requests and response bytes the proxy counted since its last reset."""
     with urllib.request.urlopen(endpoint["stats_url"], timeout=10) as response:
         stats = json.loads(response.read())
-    return int(stats["requests_by_method"].get("GET", 0))
+    return int(stats["requests_by_method"].get("GET", 0)), int(stats["response_bytes"])
 
 
 def _run_child(
-    system: str, work: Path, endpoint: dict[str, Any] | None, pythonpath: str
+    system: str,
+    work: Path,
+    endpoint: dict[str, Any] | None,
+    pythonpath: str,
+    settings: dict[str, Any],
 ) -> dict[str, Any]:
     env = dict(os.environ)
     if pythonpath:
         env["PYTHONPATH"] = pythonpath + os.pathsep + env.get("PYTHONPATH", "")
     args = [sys.executable, "-m", "benchmarks.loader_shuffle", "--child", system,
-            "--work", str(work), "--endpoint", json.dumps(endpoint)]  # fmt: skip
+            "--work", str(work), "--endpoint", json.dumps(endpoint),
+            "--settings", json.dumps(settings)]  # fmt: skip
     done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=900, check=False)
     if done.returncode:
         raise RuntimeError(f"{system} failed:\n{done.stderr[-3000:]}")
@@ -209,14 +238,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--systems", default=",".join(SYSTEMS))
     parser.add_argument("--latency-ms", type=float, default=20.0)
     parser.add_argument("--pythonpath", default="", help="measure rangestream from this src")
+    parser.add_argument("--epochs", type=int, default=1, help="epochs per loader")
+    parser.add_argument("--workers", type=int, default=WORKERS)
+    parser.add_argument("--persistent", choices=("default", "on", "off"), default="default")
     parser.add_argument("--child")
     parser.add_argument("--work")
     parser.add_argument("--endpoint")
+    parser.add_argument("--settings", default="{}")
     args = parser.parse_args(argv)
     if args.child:
         endpoint = json.loads(args.endpoint) if args.endpoint else None
-        print(json.dumps(measure_one(args.child, Path(args.work), endpoint)))
+        settings = json.loads(args.settings)
+        print(json.dumps(measure_one(args.child, Path(args.work), endpoint, settings)))
         return 0
+    settings = {"epochs": args.epochs, "workers": args.workers, "persistent": args.persistent}
     systems = args.systems.split(",")
     with tempfile.TemporaryDirectory(prefix="loader-shuffle-") as tmp:
         work = Path(tmp)
@@ -249,19 +284,25 @@ def main(argv: list[str] | None = None) -> int:
                         if place == "s3" and system == "rs-seq":
                             continue
                         result = _run_child(system, work, endpoint if place == "s3" else None,
-                                            args.pythonpath)  # fmt: skip
+                                            args.pythonpath, settings)  # fmt: skip
                         print(place, json.dumps(result), flush=True)
                         results.setdefault((place, system), []).append(result)
         finally:
             if env_context is not None:
                 env_context.close()
-    print("\n| place | system | first batch (s) | windows/s | requests/window | local disk MB |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print(
+        "\n| place | system | first batch (s) | later epochs' first batch, worst (s) "
+        "| windows/s | µs/window, all epochs | requests/window | bytes/byte | local disk MB |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for (place, system), rows in results.items():
         cells = [
             _cell(rows, "first_batch_s", 3),
+            _cell(rows, "later_first_batch_max_s", 3),
             _cell(rows, "windows_per_s", 0),
+            _cell(rows, "us_per_window", 1),
             _cell(rows, "requests_per_window", 4),
+            _cell(rows, "bytes_per_byte", 3),
             _cell(rows, "local_disk_mb", 1),
         ]
         print(f"| {place} | {system} | " + " | ".join(cells) + " |")

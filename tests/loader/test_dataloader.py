@@ -848,26 +848,32 @@ def test_on_local_disk_the_first_run_is_read_here_before_any_worker_starts(
     assert starts == list(range(160))
 
 
+@pytest.mark.parametrize("persistent", [False, True])
 @pytest.mark.parametrize(
     ("num_tokens", "drop_last", "expected_steps"), [(96, False, 3), (40, True, 1)]
 )
 def test_an_epoch_shorter_than_the_head_start_run_ends_cleanly_every_time(
-    tmp_path: Path, num_tokens: int, drop_last: bool, expected_steps: int
+    tmp_path: Path, num_tokens: int, drop_last: bool, expected_steps: int, persistent: bool
 ) -> None:
     url = str(tmp_path / "tokens")
     write_token_stream(url, {}, [num_tokens])
     storage = StreamStorage(url, StreamNumpyFormat(TOKENS))
     loader = StatefulDataLoader.from_storage(
         storage, pid_collate, sequence_length=8, batch_size=4, num_workers=2, shuffle=False,
-        drop_last=drop_last,
+        drop_last=drop_last, persistent_workers=persistent,
     )  # fmt: skip
     windows = num_tokens // 8  # 12 or 5 windows of 8 tokens
-    for epoch in range(2):
+    for epoch in range(3):
         batches = list(loader)
         assert len(batches) == expected_steps, f"epoch {epoch}"
         starts = [start // 8 for batch in batches for start in batch["tokens"][:, 0].tolist()]
         assert starts == [i % windows for i in range(4 * expected_steps)]
-        assert all(batch["pid"] == os.getpid() for batch in batches)  # all read here
+        pids = {batch["pid"] for batch in batches}
+        if epoch == 0 or not persistent:
+            assert pids == {os.getpid()}  # all read here, before any worker ran
+        else:
+            # the workers started at the first epoch's end are kept: they read the rest
+            assert os.getpid() not in pids
         assert loader.epoch == epoch + 1
 
 
@@ -964,11 +970,16 @@ def test_persistent_workers_play_every_epoch_and_a_new_epoch_opens_nothing(
     )  # fmt: skip
     opens: list[dict[int, int]] = []
     epochs = []
+    here: list[int] = []  # batches read in this process, per epoch
     for _ in range(3):
         starts, by_worker = [], {}
+        here.append(0)
         for batch, pid, stats in loader:
             starts.extend((batch["tokens"][:, 0] // 8).tolist())
-            by_worker[pid] = stats.by_key_kind.get("zarr.json", 0)
+            if pid == os.getpid():
+                here[-1] += 1
+            else:
+                by_worker[pid] = stats.by_key_kind.get("zarr.json", 0)
         epochs.append(starts)
         opens.append(by_worker)
     assert all(sorted(starts) == list(range(80)) for starts in epochs)
@@ -977,7 +988,10 @@ def test_persistent_workers_play_every_epoch_and_a_new_epoch_opens_nothing(
         assert epochs == [epoch_order(80, SEED, epoch) for epoch in range(3)]
     # the same two workers all along, each opened the dataset once
     assert opens[0] == opens[1] == opens[2] and set(opens[0].values()) == {1}
-    assert len(opens[0]) == 2 and os.getpid() not in opens[0]
+    assert len(opens[0]) == 2
+    # only the first epoch's head start (local disk, window shuffle: the lead-in batch and
+    # a stretch of one) is read here, before the workers start; later epochs are theirs
+    assert here == [2 if shuffle == "window" and not location.is_s3 else 0, 0, 0]
 
 
 class RawDocuments:
@@ -1007,9 +1021,10 @@ def test_persistent_workers_read_the_shard_table_and_offsets_once_then_only_docu
     with storage.sync_writer() as writer:
         for i, document in enumerate(documents):
             writer.append(i // 12, document)  # 8 shards of 12
+    # no head start: every batch, the first epoch's first ones too, is read by a worker
     loader = StatefulDataLoader.from_storage(
         storage, documents_with_io, batch_size=4, num_workers=2, shuffle=shuffle,
-        shuffle_seed=SEED, persistent_workers=True, rank=0, world_size=1,
+        shuffle_seed=SEED, persistent_workers=True, rank=0, world_size=1, head_start=False,
     )  # fmt: skip
     totals: list[dict[int, dict[str, int]]] = []  # per epoch: each worker's counts so far
     for _ in range(3):

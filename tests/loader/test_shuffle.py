@@ -282,7 +282,7 @@ def test_padding_wraps_around_to_the_start_of_the_order(
     pad = steps_of(left, world * batch, False) * world * batch - left
     sightings = Counter(emitted(simulate_epoch(shuffle, 4, position)).tolist())
     extra = sightings + Counter(before.tolist()) - Counter(range(n))
-    order = shuffle.window_at(4, np.arange(n)).tolist()
+    order = shuffle.window_at(4, np.arange(n), position).tolist()
     expected = Counter(order[: pad % n]) + Counter(order * (pad // n)) if n else Counter()
     assert extra == expected
 
@@ -309,7 +309,7 @@ def test_remaining_lists_what_was_not_consumed() -> None:
     batches = simulate_epoch(shuffle, 0, position)
     consumed = emitted(consumed_before(batches, 9))
     remaining = shuffle.remaining(position.advance(9))
-    left = np.concatenate([shuffle.window_at(0, np.arange(a, b)) for a, b in remaining])
+    left = np.concatenate([shuffle.window_at(0, np.arange(a, b), position) for a, b in remaining])
     assert sorted(np.concatenate([consumed, left]).tolist()) == list(range(500))
 
 
@@ -422,7 +422,13 @@ def test_a_span_read_costs_one_request_per_block_it_touches() -> None:
     bounds = np.cumsum([0, *shards]).tolist()
     shuffle = BlockShuffle(geometry.num_windows, seed=2, run_windows=run_windows_for(geometry),
                            buffer_runs=8)  # fmt: skip
-    position = start(4, 8, 3, True)  # twelve readers: regions cut buffers, partial runs
+    # twelve readers after a resume with another setting: the second phase's regions cut
+    # the buffers (the first phase's cut them at its own regions), so partial runs
+    position = (
+        start(2, 8, 1, True)
+        .advance(40)
+        .resume(world_size=4, batch_size=8, num_workers=3, drop_last=True)
+    )
     partial = sparse = 0
     for rank in range(4):
         for worker in range(3):

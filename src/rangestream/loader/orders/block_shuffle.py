@@ -19,8 +19,12 @@ Runs are the fixed grid ``run x = windows [x * R, min((x + 1) * R, n))`` (only t
 can be short). A keyed :class:`~rangestream.loader.orders.permutation.Permutation` of the runs
 orders them; consecutive groups of ``K`` permuted runs are buffers, and a second keyed
 permutation per buffer orders the buffer's windows. The concatenation of the buffers is the
-epoch's **order** ``Q``, a sequence of every window once, independent of world size, batch
-size and workers.
+epoch's **order** ``Q``, a sequence of every window once. Its buffers are cut where the
+epoch's *first* phase (below) cuts reader regions: a buffer that straddled two readers
+would be read by both, each for part of every run (with four workers over a dataset of a
+few runs per reader, 1.7 bytes read per byte of data); cut there, each reader's buffers hold
+its runs alone. So ``Q`` depends on the first phase's world size, batch size and workers
+(part of the position), and with one reader it is the fixed grid of ``K`` runs.
 
 Ranks and workers do not take slices of every global batch of ``Q`` (each would then need
 windows of every run of a buffer): each reader (a DataLoader worker of a rank) owns one
@@ -64,6 +68,7 @@ from rangestream.loader.orders.phases import (
     EpochPosition,
     Phase,
     PhaseLayout,
+    first_phase_cuts,
     phase_layout,
     reader_region,
 )
@@ -101,6 +106,7 @@ of the source (one pair in nine shares a 4 MiB neighbourhood, measured), and a w
 holds ``K * run`` bytes (32 MiB with 4 MiB runs) plus the next buffer it reads ahead."""
 _RUN_ORDER = 0x52554E53  # purposes of the derived keys: the run order, a buffer's order
 _BUFFER_ORDER = 0x42554646
+_CUT_BUFFER_ORDER = 0x43555442  # a buffer cut at a reader region's edge, keyed by its bounds
 _MAX_WALK = 64
 """Cycle-walking steps of the inverse before it is declared broken (a bijection's walk
 averages under four on a domain below ``4 n``)."""
@@ -162,12 +168,23 @@ def buffer_runs_for(
 class _EpochOrder:
     """The block shuffle's order ``Q`` of one epoch: position -> window, O(1) per position.
 
-    Buffers hold ``K`` runs of ``R`` windows, except the last (fewer runs) and the buffer
-    that holds the short last run (``deficit`` windows fewer), which one inverse
-    permutation locates; so buffer starts are arithmetic.
+    The permuted runs, concatenated, are the epoch's *run sequence* (``Q'`` positions:
+    slot ``s`` covers ``[run_start(s), run_start(s + 1))``; only the short last run is
+    shorter, which one inverse permutation locates). ``cuts`` (sorted ``Q'`` positions,
+    ``0`` and ``n`` included) split it into regions; each region is cut into buffers of
+    ``K`` slots counted from its first slot, a region's edges cutting its first and last
+    buffer. ``Q`` is every buffer's windows in the buffer's own keyed order. Without cuts
+    (one region) the buffers are the fixed grid of ``K`` slots; cut at the first phase's
+    reader regions (:func:`~rangestream.loader.orders.phases.first_phase_cuts`), no buffer
+    straddles two readers, so no run is read by two (each reader's part of a cut run is
+    one contiguous span of it).
+
+    A buffer is named by one integer, ``region * (num_buffers + 1) + index`` (in the first
+    region, the index of the fixed grid); its order is keyed by its grid index if no cut
+    touches it, else by its bounds.
     """
 
-    def __init__(self, shuffle: BlockShuffle, epoch: int) -> None:
+    def __init__(self, shuffle: BlockShuffle, epoch: int, cuts: tuple[int, ...] = ()) -> None:
         n, r, k = shuffle.num_windows, shuffle.run_windows, shuffle.buffer_runs
         self.n, self.r, self.k = n, r, k
         self.seed, self.epoch = shuffle.seed, epoch
@@ -175,47 +192,71 @@ class _EpochOrder:
         self.num_buffers = -(-self.num_runs // k)
         self.deficit = self.num_runs * r - n
         self.runs = Permutation(self.num_runs, _derived_seed(shuffle.seed, _RUN_ORDER, 0), epoch)
-        short_position = int(_inverse(self.runs, np.array([self.num_runs - 1]))[0])
-        self.short_buffer, self.short_slot = divmod(short_position, k)
+        self.short_slot = int(_inverse(self.runs, np.array([self.num_runs - 1]))[0])
+        self._after_short = (self.short_slot + 1) * r - self.deficit  # Q' start of next slot
+        edges = sorted({0, n, *(min(max(int(c), 0), n) for c in cuts)})
+        self.cuts = np.asarray(edges, dtype=np.int64)
+        self._first_slots = self.slot_of(self.cuts[:-1])
+        self._stride = self.num_buffers + 1
         self._buffer_orders: dict[int, Permutation] = {}
 
+    def run_start(self, slots: npt.ArrayLike) -> np.ndarray:
+        """``Q'`` positions where ``slots`` start (``num_runs`` maps to ``n``)."""
+        values = np.asarray(slots, dtype=np.int64)
+        return values * self.r - np.where(values > self.short_slot, self.deficit, 0)
+
+    def slot_of(self, positions: npt.ArrayLike) -> np.ndarray:
+        """Slots of the run sequence holding ``Q'`` ``positions``."""
+        values = np.asarray(positions, dtype=np.int64)
+        shifted = values + np.where(values >= self._after_short, self.deficit, 0)
+        return shifted // self.r
+
+    def _bounds(self, buffer: int) -> tuple[int, int]:
+        region, index = divmod(buffer, self._stride)
+        first = int(self._first_slots[region]) + index * self.k
+        low, high = int(self.cuts[region]), int(self.cuts[region + 1])
+        start = max(low, int(self.run_start(first)))
+        stop = min(high, int(self.run_start(min(first + self.k, self.num_runs))))
+        return start, stop
+
     def buffer_start(self, buffer: int) -> int:
-        start = buffer * self.k * self.r
-        return start - self.deficit if buffer > self.short_buffer else start
+        return self._bounds(buffer)[0]
 
     def buffer_size(self, buffer: int) -> int:
-        runs = min(self.k, self.num_runs - buffer * self.k)
-        return runs * self.r - (self.deficit if buffer == self.short_buffer else 0)
+        start, stop = self._bounds(buffer)
+        return stop - start
 
     def buffer_of(self, positions: npt.ArrayLike) -> np.ndarray:
         """Buffers holding ``positions`` of the order (any shape)."""
         values = np.asarray(positions, dtype=np.int64)
-        size = self.k * self.r
-        shifted = values >= self.buffer_start(self.short_buffer + 1)
-        return (values + np.where(shifted, self.deficit, 0)) // size
+        regions = np.searchsorted(self.cuts, values, side="right") - 1
+        regions = np.minimum(regions, len(self.cuts) - 2)
+        index = (self.slot_of(values) - self._first_slots[regions]) // self.k
+        return regions * self._stride + index
 
-    def buffer_runs(self, buffer: int) -> np.ndarray:
-        """Run ids of a buffer, in its slot order."""
-        first = buffer * self.k
-        slots = np.arange(first, min(first + self.k, self.num_runs), dtype=np.int64)
-        return self.runs(slots)
+    def _buffer_key(self, start: int, stop: int) -> int:
+        """The key of a buffer's order: a buffer of the fixed grid keeps its grid key, so
+        a buffer that no cut touches is ordered alike however the epoch is cut."""
+        grid, offset = divmod(int(self.slot_of(start)), self.k)
+        end = int(self.run_start(min((grid + 1) * self.k, self.num_runs)))
+        if not offset and start == int(self.run_start(grid * self.k)) and stop == end:
+            return _derived_seed(self.seed, _BUFFER_ORDER, grid)
+        return _derived_seed(
+            _derived_seed(self.seed, _CUT_BUFFER_ORDER, start), _CUT_BUFFER_ORDER, stop
+        )
 
     def windows(self, buffer: int, offsets: np.ndarray) -> np.ndarray:
         """Windows at ``offsets`` (within ``buffer``) of the order."""
-        size = self.buffer_size(buffer)
+        start, stop = self._bounds(buffer)
         order = self._buffer_orders.get(buffer)
         if order is None:
             if len(self._buffer_orders) > 4:
                 self._buffer_orders.clear()
-            order = Permutation(size, _derived_seed(self.seed, _BUFFER_ORDER, buffer), self.epoch)
+            order = Permutation(stop - start, self._buffer_key(start, stop), self.epoch)
             self._buffer_orders[buffer] = order
-        slots = order(offsets)
-        if buffer == self.short_buffer and self.deficit:
-            # slots of the short run are R - deficit long; later runs shift by the deficit
-            after = slots >= self.short_slot * self.r + (self.r - self.deficit)
-            slots = slots + np.where(after, self.deficit, 0)
-        runs = self.buffer_runs(buffer)
-        return runs[slots // self.r] * self.r + slots % self.r
+        positions = start + order(offsets)
+        slots = self.slot_of(positions)
+        return self.runs(slots) * self.r + positions - self.run_start(slots)
 
 
 @dataclass(frozen=True)
@@ -237,9 +278,12 @@ class BlockShuffle:
     Notes
     -----
     Exactly once: the order ``Q`` is a bijection of the windows, readers' regions partition
-    what remains, and steps are counted per phase. Cost: every reader reads each run of its
-    region once, except where its region starts or ends inside a buffer (at most ``2 K``
-    partial runs per reader and phase, plus the runs of the wrap-around padding).
+    what remains, and steps are counted per phase. Cost: the epoch's buffers are cut where
+    its first phase cuts reader regions (:func:`first_phase_cuts`), so in that phase every
+    reader reads each run of its region once and no run is read by two readers (a run cut
+    between two is read as two spans, one each). Only a later phase (a resume with another
+    setting) cuts regions inside buffers: up to ``2 K`` partial runs per reader there, and
+    the runs of the wrap-around padding.
     """
 
     num_windows: int
@@ -252,12 +296,19 @@ class BlockShuffle:
         check_count("BlockShuffle", "run_windows", self.run_windows, 1)
         check_count("BlockShuffle", "buffer_runs", self.buffer_runs, 1)
 
-    def order(self, epoch: int) -> _EpochOrder:
-        """The epoch's world-independent order ``Q`` (for inspection and tests)."""
-        return _EpochOrder(self, check_count("BlockShuffle", "epoch", epoch, 0))
+    def order(self, epoch: int, position: EpochPosition | None = None) -> _EpochOrder:
+        """The epoch's order ``Q``: its buffers cut at the reader regions of
+        ``position``'s first phase, or (``None``) the fixed grid of ``K`` runs, which a
+        single reader of the first phase walks too and a mixture's sources keep."""
+        epoch = check_count("BlockShuffle", "epoch", epoch, 0)
+        cuts = () if position is None else first_phase_cuts(self.num_windows, position)
+        return _EpochOrder(self, epoch, cuts)
 
-    def window_at(self, epoch: int, positions: npt.ArrayLike) -> np.ndarray:
-        """Windows at ``positions`` of the epoch's order ``Q``, O(1) per position."""
+    def window_at(
+        self, epoch: int, positions: npt.ArrayLike, position: EpochPosition | None = None
+    ) -> np.ndarray:
+        """Windows at ``positions`` of the epoch's order ``Q`` (as :meth:`order` cuts it
+        for ``position``), O(1) per position."""
         values = np.asarray(positions, dtype=np.int64)
         if values.size and (values.min() < 0 or values.max() >= self.num_windows):
             raise OutOfRangeError(
@@ -267,7 +318,7 @@ class BlockShuffle:
         out = np.empty(values.shape, dtype=np.int64)
         if not values.size:
             return out
-        order = self.order(epoch)
+        order = self.order(epoch, position)
         flat, target = values.reshape(-1), out.reshape(-1)
         buffers = order.buffer_of(flat)
         for buffer in np.unique(buffers).tolist():
@@ -316,7 +367,7 @@ class BlockShuffle:
         region = (worker_id + done) % workers
         start, stop = layout.region(rank, region)
         start += layout.consumed(region, done)
-        order = self.order(epoch) if self.num_windows else None
+        order = self.order(epoch, position) if self.num_windows else None
         return WorkerPlan(
             steps=steps,
             batch_size=phase.batch_size,

@@ -8,7 +8,7 @@ the phases, five integers each, so it is saved as plain data.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -21,6 +21,7 @@ __all__ = [
     "Phase",
     "PhaseLayout",
     "check_worker",
+    "first_phase_cuts",
     "phase_layout",
     "reader_region",
 ]
@@ -255,6 +256,29 @@ def phase_layout(
             f"{layout.remaining} remaining positions of {owner}"
         )
     return layout, position.phase.steps
+
+
+def first_phase_cuts(num_windows: int, position: EpochPosition) -> tuple[int, ...]:
+    """Where the epoch's first phase cuts its order into reader regions (the ``drop_last``
+    tail's start included), as sorted positions in ``[0, num_windows]``.
+
+    The block shuffle cuts its buffers there (:class:`~rangestream.loader.orders.
+    block_shuffle.BlockShuffle`), so in the phase most epochs are played in whole, no
+    reader reads a run another reader reads too. Later phases keep that order (it is the
+    epoch's), so only their own new cuts can fall inside a buffer.
+    """
+    phase = position.phases[0]
+    if num_windows == 0:
+        return (0,)
+    layout = PhaseLayout(
+        num_windows, np.array([0], dtype=np.int64), np.array([num_windows], dtype=np.int64),
+        replace(phase, steps=0),
+    )  # fmt: skip
+    cuts = {0, num_windows, min(num_windows, layout.num_steps * phase.global_batch_size)}
+    for rank in range(phase.world_size):
+        for worker in range(phase.num_workers):
+            cuts.add(min(num_windows, layout.region(rank, worker)[0]))
+    return tuple(sorted(cuts))
 
 
 def reader_region(
