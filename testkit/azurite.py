@@ -48,8 +48,10 @@ class Azurite(EmulatorProcess):
     name = "azurite"
 
     def command(self, root: Path) -> list[str]:
-        return [find_azurite(), "--blobHost", "127.0.0.1", "--blobPort", str(self.port),
-                "--location", str(root), "--skipApiVersionCheck", "--loose", "--silent"]  # fmt: skip
+        return [
+            find_azurite(), "--blobHost", "127.0.0.1", "--blobPort", str(self.port),
+            "--location", str(root), "--skipApiVersionCheck", "--loose", "--silent",
+        ]  # fmt: skip
 
     @staticmethod
     def connection_string_for(endpoint_url: str) -> str:

@@ -9,6 +9,7 @@ stopped at exit, its data in a private temporary directory, and ready once it an
 from __future__ import annotations
 
 import atexit
+import contextlib
 import shutil
 import socket
 import subprocess
@@ -19,7 +20,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from testkit.seaweedfs import SeaweedFSError, _parent_death_signal_hook, _retry_until, _terminate_group
+from testkit.seaweedfs import (
+    SeaweedFSError,
+    _parent_death_signal_hook,
+    _retry_until,
+    _terminate_group,
+)
 
 __all__ = ["EmulatorError", "EmulatorProcess", "free_port"]
 
@@ -84,10 +90,9 @@ class EmulatorProcess:
             return None if code is None else f"it exited with {code}:\n{self.log_tail()}"
 
         def answers() -> None:
-            try:
+            # an HTTP answer, whatever its status, says the server is up
+            with contextlib.suppress(urllib.error.HTTPError):
                 urllib.request.urlopen(self.endpoint_url + self.ready_path, timeout=2).close()
-            except urllib.error.HTTPError:
-                pass  # an HTTP answer, whatever its status: the server is up
 
         try:
             _retry_until(

@@ -173,9 +173,8 @@ class AzureStore(FsspecStore):
                     async for blob in container.list_blobs(
                         name_starts_with=f"{base}/" if base else None, **_NO_RETRIES
                     ):
-                        modified = blob.last_modified
-                        infos.append(ObjectInfo(blob.name[start:], int(blob.size),
-                                                modified.timestamp() if modified else None))  # fmt: skip
+                        stamp = blob.last_modified.timestamp() if blob.last_modified else None
+                        infos.append(ObjectInfo(blob.name[start:], int(blob.size), stamp))
                 except FileNotFoundError:  # no such container: nothing under the prefix
                     return []
         return sorted(infos, key=lambda info: info.key)
@@ -222,9 +221,10 @@ class AzureStore(FsspecStore):
         from azure.core import MatchConditions
 
         fs = await self._fs()
-        container, root = self.container_blob("")
+        container, _ = self.container_blob("")
         label = f"{fs.service_client.url.rstrip('/')}/{container}"
-        refused = await conditional_writes.proven(label, _AzurePuts(self), root, _CONDITIONS)
+        # the probe object goes under the dataset's root (keys here are relative to it)
+        refused = await conditional_writes.proven(label, _AzurePuts(self), "", _CONDITIONS)
         if refused is not None:
             if conditional_writes.single_writer_declared():
                 await super().put_if_version(key, data, version, max_nbytes)
@@ -258,7 +258,9 @@ class _AzurePuts:
                                         match_condition=MatchConditions.IfNotModified)  # fmt: skip
 
     async def remove(self, key: str) -> None:
-        await self.store.delete_prefix(key)
+        blob = await self.store._blob(key)
+        async with blob:
+            await blob.delete_blob(**_NO_RETRIES)
 
 
 def _blob_size(stream: Any, offset: int) -> int:

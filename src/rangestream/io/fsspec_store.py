@@ -289,9 +289,10 @@ async def _close_cloud_sessions(client: Any) -> None:
         with contextlib.suppress(Exception):
             await service.close()
         credential = getattr(client, "credential", None)
-        if credential is not None and asyncio.iscoroutinefunction(getattr(credential, "close", None)):
+        closer = getattr(credential, "close", None)
+        if closer is not None and asyncio.iscoroutinefunction(closer):
             with contextlib.suppress(Exception):
-                await credential.close()
+                await closer()
     session = getattr(client, "_session", None)  # gcsfs
     if session is not None and hasattr(session, "closed") and not session.closed:
         with contextlib.suppress(Exception):

@@ -98,7 +98,9 @@ class GcsStore(FsspecStore):
         content_range = headers.get("Content-Range")
         if status == 206 and not body and _past_the_end(content_range, start):
             return b""  # gcp-storage-emulator's answer where GCS answers 416
-        object_size = await self.size(key) if needs_object_size(status, content_range, start) else None
+        object_size = None
+        if needs_object_size(status, content_range, start):
+            object_size = await self.size(key)
         announced = headers.get("Content-Length")
         return ranged_body(
             status,
@@ -179,17 +181,17 @@ class GcsStore(FsspecStore):
         """
         url = await self._media_url(key)
         try:
-            status, headers, body = await self._request(
+            _, headers, body = await self._request(
                 "GET", url, headers={"Range": f"bytes=0-{max_nbytes - 1}"}, alt="media"
             )
         except (ValueError, OSError) as error:
             if not _is_invalid_range(error):
                 raise
-            status, headers, body = await self._request("GET", url, alt="media")  # empty
+            _, headers, body = await self._request("GET", url, alt="media")  # empty
         generation = headers.get("x-goog-generation")
         if generation is None:
             generation = str((await self._metadata(key))["generation"])
-            status, headers, body = await self._request(
+            _, headers, body = await self._request(
                 "GET", url, headers={"Range": f"bytes=0-{max_nbytes - 1}"}, alt="media",
                 generation=generation,
             )  # fmt: skip
@@ -204,16 +206,13 @@ class GcsStore(FsspecStore):
         fs = await self._fs()
         bucket, _ = self.bucket_key("")
         label = f"{fs._location}/{bucket}"
-        refused = await conditional_writes.proven(
-            label, _GcsPuts(self), self.bucket_key("")[1], _CONDITIONS
-        )
+        # the probe object goes under the dataset's root (keys here are relative to it)
+        refused = await conditional_writes.proven(label, _GcsPuts(self), "", _CONDITIONS)
         if refused is not None:
             if conditional_writes.single_writer_declared():
                 await super().put_if_version(key, data, version, max_nbytes)
                 return
-            raise conditional_writes.unsupported_by(
-                "Google Cloud Storage endpoint", label, refused
-            )
+            raise conditional_writes.unsupported_by("Google Cloud Storage endpoint", label, refused)
         try:
             await self._upload(key, bytes(data), "0" if version is None else version)
         except FileExistsError as error:
