@@ -18,10 +18,10 @@ emulators (see ``support/cloud.py``): ``gcs_emulator``, ``azurite``, ``gcs_locat
 """
 
 pytest_plugins = (
-    "support.cloud",
     "support.copies",
     "support.dask",
     "support.s3_matrix",
     "support.s3",
     "support.tokenizers",
+    "support.cloud",  # after support.s3, which it imports
 )
