@@ -1,6 +1,6 @@
 """Azure Blob Storage on loopback: Azurite (the npm package ``azurite``), blob service only.
 
-Installed project-locally by ``make install`` (``npm install --prefix .ci/node``, a
+Installed project-locally by ``make install`` (``npm ci --prefix .ci/node``, into a
 gitignored directory); ``RANGESTREAM_AZURITE`` may name another ``azurite-blob`` binary.
 It serves the well-known development account ``devstoreaccount1`` at
 ``http://127.0.0.1:PORT/devstoreaccount1`` and honours ``If-Match`` / ``If-None-Match``.
@@ -22,7 +22,7 @@ ACCOUNT_NAME = "devstoreaccount1"
 ACCOUNT_KEY = (
     "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 )
-#: Where ``make install`` puts it (``npm install --prefix``).
+#: Where ``make install`` puts it (``npm ci --prefix``).
 AZURITE_DIR = Path(__file__).resolve().parent.parent / ".ci" / "node"
 
 
@@ -37,8 +37,8 @@ def find_azurite() -> str:
         if candidate and os.access(candidate, os.X_OK):
             return candidate
     raise EmulatorError(
-        "azurite-blob was not found: run `make install` (npm install --prefix .ci/node "
-        "azurite@3) or set RANGESTREAM_AZURITE"
+        "azurite-blob was not found: run `make install` (npm ci --prefix .ci/node, from "
+        "its package-lock.json) or set RANGESTREAM_AZURITE"
     )
 
 
