@@ -1,9 +1,12 @@
 # Two commands do all the set-up on a fresh machine:
 #   make demo                 # writes a token dataset locally and streams it through a DataLoader
 #   make demo URL=s3://rangestream/demo ENDPOINT=http://127.0.0.1:9000   # the same on S3/MinIO
-#   make test                 # the whole test suite (starts its own SeaweedFS S3 server)
+#   make test                 # the whole test suite (starts its own SeaweedFS S3 server, a GCS
+#                             # emulator and Azurite)
 # Everything is installed into .venv; torch is pinned first to its CPU build so that no
-# other requirement can pull a CUDA build of several GB.
+# other requirement can pull a CUDA build of several GB. Azurite (the Azure Blob emulator of
+# the Azure tests) is an npm package: installed into .ci/node (gitignored) from the
+# committed package-lock.json, so every clone gets the same version.
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -13,6 +16,8 @@ URL ?=
 ENDPOINT ?=
 DEMO_ARGS ?=
 PYTEST_ARGS ?=
+NPM ?= npm
+AZURITE := .ci/node/node_modules/.bin/azurite-blob
 
 .PHONY: demo test lint bench install
 
@@ -23,12 +28,16 @@ $(VENV)/.installed: pyproject.toml setup.py src/rangestream/layout/_chunked.c
 	$(PY) -m pip install --quiet -e ".[torch,ingest,hf,dask,integrations,gcs,azure,dev]"
 	touch $@
 
-install: $(VENV)/.installed
+$(AZURITE): .ci/node/package.json .ci/node/package-lock.json
+	$(NPM) ci --prefix .ci/node --no-audit --no-fund
+	touch $@
+
+install: $(VENV)/.installed $(AZURITE)
 
 demo: $(VENV)/.installed
 	$(VENV)/bin/rangestream demo $(URL) $(if $(ENDPOINT),--endpoint-url $(ENDPOINT)) $(DEMO_ARGS)
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed $(AZURITE)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed

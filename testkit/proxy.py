@@ -1,5 +1,8 @@
 """An HTTP reverse proxy that adds latency, counts S3 traffic exactly, and injects faults.
 
+It fronts the GCS and Azure emulators too (``LatencyProxy(url)``): neither signs the Host,
+and Azure's ``x-ms-range`` counts as a range request like ``Range``.
+
 A local S3 server answers in microseconds and never misbehaves, so on its own it can neither
 show whether a reader overlaps its range requests nor whether it survives throttling, resets
 and short reads. Placed between a client and the server, this proxy makes each request cost a
@@ -85,6 +88,19 @@ _HOP_BY_HOP = frozenset(
         "upgrade",
     }
 )
+
+
+#: Headers that ask for a byte range: HTTP's own, and Azure Blob's (``x-ms-range`` wins there).
+_RANGE_HEADERS = ("x-ms-range", "Range")
+
+
+def _range_of(request: web.Request) -> str | None:
+    """The byte range a request asks for, in whichever header its service uses."""
+    for name in _RANGE_HEADERS:
+        value = request.headers.get(name)
+        if value is not None:
+            return value
+    return None
 
 
 class _Counters:
@@ -453,7 +469,7 @@ class LatencyProxy:
             counters = self._counters
             counters.requests += 1
             counters.by_method[method] += 1
-            if method == "GET" and "Range" in request.headers:
+            if method == "GET" and _range_of(request) is not None:
                 counters.range_gets += 1
             self._in_flight += 1
             counters.max_in_flight = max(counters.max_in_flight, self._in_flight)
@@ -506,7 +522,7 @@ class LatencyProxy:
                 request.method.upper(),
                 request.path,
                 request.query_string,
-                request.headers.get("Range"),
+                _range_of(request),
                 arrived,
             ),
         )

@@ -12,7 +12,9 @@ S3 fixtures (see ``support/s3.py``): ``seaweedfs_server``, ``s3_server``, ``s3_b
 (see ``support/s3_matrix.py``): tests marked ``s3_core`` also run on moto and rclone. Dask (see
 ``support/dask.py``): ``dask_client``, a LocalCluster of worker processes. Tokenizers (see
 ``support/tokenizers.py``): ``tokenizer_dir``, ``tokenizer_json``, ``rust_tokenizer``. Mapped reads
-(see ``support/copies.py``): ``copies`` (parametrised "compiled"/"numpy").
+(see ``support/copies.py``): ``copies`` (parametrised "compiled"/"numpy"). GCS and Azure
+emulators (see ``support/cloud.py``): ``gcs_emulator``, ``azurite``, ``gcs_location``,
+``azure_location``, ``cloud_location`` (parametrised "gcs"/"azure") and ``cloud_proxy``.
 """
 
 pytest_plugins = (
@@ -21,4 +23,5 @@ pytest_plugins = (
     "support.s3_matrix",
     "support.s3",
     "support.tokenizers",
+    "support.cloud",  # after support.s3, which it imports
 )

@@ -13,6 +13,10 @@ Where the server does not honour them, ``S3Store.put_if_version`` refuses the co
 that only one process at a time writes the dataset: ``RANGESTREAM_S3_SINGLE_WRITER=1`` in
 the environment (read at each commit, inherited by worker processes). Commits then check,
 then write, and read the root back: correct for one writer, not for several.
+
+Other services (GCS ``ifGenerationMatch``, Azure ``If-Match`` ETags) prove theirs with
+``proven``: the same four writes, through each service's own ``ConditionalPuts``; there the
+declaration is ``RANGESTREAM_SINGLE_WRITER=1`` (which S3 accepts too).
 """
 
 from __future__ import annotations
@@ -21,24 +25,30 @@ import contextlib
 import os
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from rangestream.errors import StorageError
 from rangestream.io.process import ProcessLocal
 
 __all__ = [
     "PROBE_PREFIX",
+    "SINGLE_WRITER_ANY_ENV",
     "SINGLE_WRITER_ENV",
+    "ConditionalPuts",
     "ConditionalWritesUnsupportedError",
     "is_condition_refusal",
+    "proven",
     "refusal",
     "remember",
     "s3_error_of",
     "single_writer_declared",
     "unsupported",
+    "unsupported_by",
 ]
 
 SINGLE_WRITER_ENV = "RANGESTREAM_S3_SINGLE_WRITER"
+#: The same declaration for every store (GCS, Azure and S3).
+SINGLE_WRITER_ANY_ENV = "RANGESTREAM_SINGLE_WRITER"
 #: Where probe objects are written, under the dataset's root (not under ``data/``: gc and
 #: verify never see them); each is deleted right after the probe.
 PROBE_PREFIX = "_rangestream-probes"
@@ -57,7 +67,10 @@ class ConditionalWritesUnsupportedError(StorageError):
 
 def single_writer_declared() -> bool:
     """Whether the user declared that one process at a time writes (``SINGLE_WRITER_ENV``)."""
-    return os.environ.get(SINGLE_WRITER_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
+    return any(
+        os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
+        for name in (SINGLE_WRITER_ENV, SINGLE_WRITER_ANY_ENV)
+    )
 
 
 def s3_error_of(error: BaseException) -> tuple[str | None, int | None]:
@@ -164,3 +177,82 @@ async def _probe(put: PutObject, delete: PutObject, bucket: str, key: str) -> st
     finally:
         with contextlib.suppress(Exception):  # a leftover probe object is harmless
             await delete(Bucket=bucket, Key=key)
+
+
+# -- other services: the same proof through each one's own conditional writes -----------
+
+
+class ConditionalPuts(Protocol):
+    """One service's conditional writes, as ``proven`` drives them on a probe object.
+
+    ``create`` writes only if the object is absent, ``replace`` only if it is still
+    ``version``; both return the new version and raise ``ConcurrentWriteError`` when the
+    service refuses because the condition does not hold. ``wrong_version`` is a version
+    no object can have (GCS generation 1, an all-zero Azure ETag).
+    """
+
+    wrong_version: str
+
+    async def create(self, key: str, body: bytes) -> str: ...
+
+    async def replace(self, key: str, body: bytes, version: str) -> str: ...
+
+    async def remove(self, key: str) -> None: ...
+
+
+async def proven(label: str, puts: ConditionalPuts, prefix: str, names: str) -> str | None:
+    """``None`` if the service honours its conditional writes, else what it did instead.
+
+    ``label`` names the endpoint and bucket (the verdict is kept per label and process);
+    ``names`` says what the conditions are called there (in the verdict). The probe: a
+    create must succeed, a second create and a replace of a wrong version must be
+    refused, a replace of the right version must succeed. Other errors are raised (a
+    later commit probes again).
+    """
+    from rangestream.errors import ConcurrentWriteError
+
+    verdicts = _verdicts.get_or_make(dict)
+    if label in verdicts:
+        return verdicts[label]
+    key = f"{prefix.rstrip('/')}/{PROBE_PREFIX}/conditional-writes-{uuid.uuid4().hex}".lstrip("/")
+    verdict: str | None = None
+    try:
+        try:
+            first = await puts.create(key, b"probe: created")
+        except ConcurrentWriteError:
+            verdict = f"refused a create-only write ({names}) of an object that did not exist"
+        else:
+            for attempt, what in (
+                (lambda: puts.create(key, b"probe: must fail"),
+                 f"accepted a create-only write ({names}) over an existing object"),
+                (lambda: puts.replace(key, b"probe: must fail", puts.wrong_version),
+                 f"accepted a write conditional on a version the object does not have "
+                 f"({names})"),
+            ):  # fmt: skip
+                try:
+                    await attempt()
+                except ConcurrentWriteError:
+                    continue
+                verdict = what
+                break
+            else:
+                try:
+                    await puts.replace(key, b"probe: replaced", first)
+                except ConcurrentWriteError:
+                    verdict = f"refused a write conditional on the object's own version {first}"
+    finally:
+        with contextlib.suppress(Exception):  # a leftover probe object is harmless
+            await puts.remove(key)
+    verdicts[label] = verdict
+    return verdict
+
+
+def unsupported_by(service: str, where: str, what: str) -> ConditionalWritesUnsupportedError:
+    """The error a commit raises on a service (GCS, Azure) that ignores its conditions."""
+    return ConditionalWritesUnsupportedError(
+        f"the {service} at {where} {what}: it does not honour conditional writes, so a "
+        "concurrent commit could silently replace this one after it reported success. The "
+        "commit is refused; its objects under data/ are left for `rangestream gc`. If only "
+        f"one process at a time writes this dataset, declare it with {SINGLE_WRITER_ANY_ENV}=1 "
+        "(commits then check, then write, and read back)."
+    )

@@ -101,9 +101,7 @@ class FsspecStore(ObjectStore):
 
         async def make() -> Any:
             hide_session_tokens(options)  # botocore logs signed headers at DEBUG
-            made = fsspec.filesystem(
-                self.protocol, asynchronous=True, skip_instance_cache=True, **options
-            )
+            made = self._make_filesystem(options)
             self._prepare(made)
             if hasattr(made, "set_session"):
                 await made.set_session()
@@ -111,6 +109,14 @@ class FsspecStore(ObjectStore):
 
         fs = by_loop[loop] = await shared_client(self._shared_key(options), make)
         return fs
+
+    def _make_filesystem(self, options: dict[str, Any]) -> Any:
+        """A new async filesystem for ``options`` (a store may pick its class itself)."""
+        import fsspec
+
+        return fsspec.filesystem(
+            self.protocol, asynchronous=True, skip_instance_cache=True, **options
+        )
 
     def _shared_key(self, options: dict[str, Any]) -> str:
         """What makes two stores' filesystems interchangeable: the protocol and options."""
@@ -271,6 +277,26 @@ async def close_loop_clients() -> None:
             # closing a half-broken session must not mask the error that broke it
             with contextlib.suppress(Exception):
                 await session.__aexit__(None, None, None)
+        await _close_cloud_sessions(client)
+
+
+async def _close_cloud_sessions(client: Any) -> None:
+    """Close what gcsfs (an aiohttp session) and adlfs (the blob service client and its
+    credential) opened on this loop: left to their finalizers, they are closed on another
+    loop or not at all ("Unclosed client session" at exit)."""
+    service = getattr(client, "service_client", None)  # adlfs
+    if service is not None:
+        with contextlib.suppress(Exception):
+            await service.close()
+        credential = getattr(client, "credential", None)
+        closer = getattr(credential, "close", None)
+        if closer is not None and asyncio.iscoroutinefunction(closer):
+            with contextlib.suppress(Exception):
+                await closer()
+    session = getattr(client, "_session", None)  # gcsfs
+    if session is not None and hasattr(session, "closed") and not session.closed:
+        with contextlib.suppress(Exception):
+            await session.close()
 
 
 def _close_io_loop_clients() -> None:

@@ -69,6 +69,25 @@ _TRANSIENT_MARKERS = (
 )
 
 
+#: HTTP statuses worth another attempt, where a client library's error carries one: gcsfs's
+#: ``HttpError.code``, azure-core's ``HttpResponseError.status_code``.
+_TRANSIENT_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+#: Client-library errors raised before any answer arrived, or for an answer cut short:
+#: azure-core (``ServiceRequestError``, ``ServiceResponseError``) and requests (gcsfs turns a
+#: 502 into ``ProxyError``, a body cut short into ``ChunkedEncodingError``).
+_TRANSIENT_NAMES = frozenset(
+    {"ServiceRequestError", "ServiceResponseError", "ProxyError", "ChunkedEncodingError"}
+)
+
+
+def _transient_status(error: BaseException) -> bool:
+    for attribute in ("status_code", "code"):
+        status = getattr(error, attribute, None)
+        if isinstance(status, int) and status in _TRANSIENT_STATUSES:
+            return True
+    return False
+
+
 def is_transient(error: BaseException) -> bool:
     """True for errors that a later attempt of the same request may not hit."""
     if isinstance(error, (FileNotFoundError, PermissionError, IsADirectoryError, WrongRangeError)):
@@ -90,6 +109,8 @@ def is_transient(error: BaseException) -> bool:
             "IncompleteReadError",
             "ResponseStreamingError",
         }:
+            return True
+        if type(current).__name__ in _TRANSIENT_NAMES or _transient_status(current):
             return True
         text = f"{type(current).__name__} {current}".lower()
         if any(marker in text for marker in _TRANSIENT_MARKERS):

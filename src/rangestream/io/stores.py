@@ -18,6 +18,8 @@ __all__ = ["is_local_url", "open_store"]
 
 _LOCAL_PROTOCOLS = {"file", "local"}
 _S3_PROTOCOLS = {"s3", "s3a"}
+_GCS_PROTOCOLS = {"gs", "gcs"}
+_AZURE_PROTOCOLS = {"az", "abfs", "abfss"}
 #: ``scheme:`` followed by something other than ``//``: a mistyped URL (``s3:/bucket/x``)
 #: that would otherwise be taken for a local directory named ``s3:``.
 _SCHEME_WITHOUT_SLASHES = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):(?!//)")
@@ -48,7 +50,8 @@ def check_url(url: str) -> None:
 def open_store(
     url: str | os.PathLike[str], storage_options: dict[str, Any] | None = None
 ) -> ObjectStore:
-    """The store for a dataset URL: a local path, ``file://``, ``s3://`` or any fsspec URL."""
+    """The store for a dataset URL: a local path, ``file://``, ``s3://``, ``gs://``,
+    ``az://`` / ``abfs://`` or any fsspec URL."""
     from rangestream.io.local import LocalStore
 
     if isinstance(url, os.PathLike):
@@ -68,6 +71,14 @@ def open_store(
             from rangestream.io.s3 import S3Store
 
             return S3Store(url, storage_options)
+        if protocol in _GCS_PROTOCOLS:
+            from rangestream.io.gcs import GcsStore
+
+            return GcsStore(url, storage_options)
+        if protocol in _AZURE_PROTOCOLS:
+            from rangestream.io.azure import AzureStore
+
+            return AzureStore(url, storage_options)
         from rangestream.io.fsspec_store import FsspecStore
 
         return FsspecStore(url, storage_options)
