@@ -21,7 +21,13 @@ from rangestream.loader.collate import (
 )
 from rangestream.loader.dataloader import STATE_VERSION, StatefulDataLoader
 from rangestream.loader.iterable import BatchIterableDataset
-from rangestream.loader.model_batches import IGNORE_INDEX, DpoCollate, SftCollate, VarlenCollate
+from rangestream.loader.model_batches import (
+    IGNORE_INDEX,
+    CausalLMCollate,
+    DpoCollate,
+    SftCollate,
+    VarlenCollate,
+)
 from rangestream.loader.options import DEFAULT_PREFETCH, BatchOptions, resolve_distributed
 from rangestream.loader.orders.block_shuffle import BlockShuffle
 from rangestream.loader.orders.permutation import Permutation, keyed_hash
@@ -46,6 +52,7 @@ __all__ = [
     "BatchIterableDataset",
     "BatchOptions",
     "BlockShuffle",
+    "CausalLMCollate",
     "DpoCollate",
     "EpochPlan",
     "IndexedSource",

@@ -19,10 +19,12 @@ disk or on the process's I/O loop otherwise (:mod:`rangestream.loader.reading.ba
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data._utils.fetch import _BaseDatasetFetcher
 
 from rangestream.errors import LoaderConfigError, StateError
 from rangestream.loader.options import BatchOptions
@@ -46,6 +48,14 @@ __all__ = ["BatchIterableDataset", "Start"]
 _MAX_SHARED_PHASES = 64
 """Phases a shared position carries to persistent workers (each resume with a new setting
 adds one; a run that changes its setting more often within one epoch is refused)."""
+
+
+def _batching_fetcher(frame: Any) -> bool:
+    """Whether ``frame`` (the caller of ``__iter__``) is a DataLoader's fetcher that batches
+    what the dataset yields (``batch_size`` set): torch's and torchdata's loaders make
+    their fetcher call ``iter(dataset)`` in the process that reads, worker or main."""
+    fetcher = frame.f_locals.get("self") if frame is not None else None
+    return isinstance(fetcher, _BaseDatasetFetcher) and bool(fetcher.auto_collation)
 
 
 def _worker_identity() -> tuple[int, int]:
@@ -374,6 +384,18 @@ class BatchIterableDataset(IterableDataset[Any]):
         self._loader_iterating = bool(iterating)
 
     def __iter__(self) -> Iterator[Any]:
+        if _batching_fetcher(sys._getframe(1)):
+            # it would stack batch_size of our batches into one: shapes off by a dimension,
+            # silently (torch.utils.data.DataLoader(dataset, batch_size=8), or a Trainer
+            # given the dataset instead of the loader); refuse before anything is read
+            raise LoaderConfigError(
+                f"this rangestream dataset yields whole batches (batch_size="
+                f"{self.options.batch_size}, collated in the workers), and the DataLoader "
+                "iterating it batches them again (its batch_size is set). Give that "
+                "DataLoader batch_size=None, or iterate the rangestream StatefulDataLoader "
+                "itself (with transformers: rangestream.integrations.transformers.Trainer("
+                "train_loader=loader))"
+            )
         tagged = self._tagged and self._loader_iterating
         batches = self._batches(tagged)
         if tagged and get_worker_info() is not None:

@@ -3,6 +3,8 @@
 :func:`~rangestream.loader.collate.stack_collate` keeps a batch as stored; a training step
 wants the names and layouts its kernels take:
 
+* :class:`CausalLMCollate`: pretraining windows to ``input_ids`` and ``labels``, what a
+  Hugging Face causal LM's ``forward`` takes (it returns the loss);
 * :class:`VarlenCollate`: packed windows (``boundaries=True``) for flash-attention's varlen
   functions: ``cu_seqlens`` over the flattened batch (``int32``, as
   ``flash_attn_varlen_func`` takes it), ``max_seqlen`` and per-sample ``position_ids``;
@@ -29,7 +31,7 @@ import torch
 from rangestream.errors import CollateError
 from rangestream.loader.collate import pad_stack
 
-__all__ = ["IGNORE_INDEX", "DpoCollate", "SftCollate", "VarlenCollate"]
+__all__ = ["IGNORE_INDEX", "CausalLMCollate", "DpoCollate", "SftCollate", "VarlenCollate"]
 
 IGNORE_INDEX = -100
 """The label ``torch.nn.functional.cross_entropy`` skips by default."""
@@ -46,6 +48,49 @@ def _field(sample: Any, name: str) -> np.ndarray:
         value = sample[name]
         return value.numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
     raise CollateError(f"cannot take field {name!r} of a {type(sample).__name__}")
+
+
+@dataclass(frozen=True)
+class CausalLMCollate:
+    """Pretraining windows to ``input_ids`` and ``labels`` (``int64``, ``(batch, length)``).
+
+    The keys a Hugging Face causal LM's ``forward`` takes: ``model(**batch).loss`` is the
+    next-token loss, as the model shifts the labels itself (so read windows of
+    ``sequence_length``, not ``next_token=True``). The labels are a copy: masking them in
+    place leaves the inputs alone.
+
+    Parameters
+    ----------
+    tokens : str, optional
+        The token field of structured or dict windows; bare windows are the tokens.
+    """
+
+    tokens: str | None = None
+
+    def __call__(self, samples: Sequence[Any]) -> dict[str, torch.Tensor]:
+        if len(samples) == 0:
+            raise CollateError("cannot collate an empty batch")
+        rows = []
+        for sample in samples:
+            if self.tokens is not None:
+                rows.append(_field(sample, self.tokens))
+            elif (
+                isinstance(sample, Mapping)
+                or (getattr(sample, "dtype", None) is not None
+                and (getattr(sample.dtype, "names", None)))
+            ):
+                raise CollateError(
+                    "CausalLMCollate got windows with fields; name the token field: "
+                    "CausalLMCollate(tokens=...)"
+                )
+            else:
+                rows.append(np.asarray(sample))
+        if len({row.shape for row in rows}) > 1:
+            raise CollateError(
+                f"windows of one batch differ in shape: {sorted({r.shape for r in rows})}"
+            )
+        ids = torch.from_numpy(np.stack(rows).astype(np.int64, copy=False))
+        return {"input_ids": ids, "labels": ids.clone()}
 
 
 def _split_bounds(sample: Any) -> tuple[Any, Mapping[str, Any]]:
