@@ -246,6 +246,7 @@ class StatefulDataLoader(StorageConstructors, torchdata.stateful_dataloader.Stat
     def __iter__(self) -> StepIterator:  # type: ignore[override]
         self._generation += 1
         dataset = self.dataset
+        dataset.bind_ranks()  # rank and world size as the process group says now
         if dataset.phased:
             # the phase played from here (a new one if the setting changed since the state)
             position = dataset.position
