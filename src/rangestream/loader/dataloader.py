@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import time
 import warnings
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -39,6 +40,7 @@ from rangestream.errors import LoaderConfigError, StateError
 from rangestream.loader.from_storage import StorageConstructors
 from rangestream.loader.iterable import BatchIterableDataset
 from rangestream.loader.position import LoaderPosition
+from rangestream.loader.reading.stalls import StallClock
 from rangestream.loader.transport import Bundle, for_transport
 from rangestream.loader.worker_guard import WorkerStart
 
@@ -151,6 +153,7 @@ class StatefulDataLoader(StorageConstructors, torchdata.stateful_dataloader.Stat
         self._generation = 0
         self._order_version = 0
         self._io_by_source: list[list[int]] = []
+        self._stalls = StallClock()
 
     dataset: BatchIterableDataset
 
@@ -222,6 +225,22 @@ class StatefulDataLoader(StorageConstructors, torchdata.stateful_dataloader.Stat
             for (name, count), (requests, nbytes) in zip(samples.items(), io, strict=True)
         }
 
+    def stall_stats(self) -> dict[str, float | int]:
+        """How long the training loop waited for its batches (time inside ``next()`` of this
+        loader's iterators), cumulative since the loader was made or :meth:`reset_stalls`.
+
+        ``count``: batches handed out; ``wait_seconds``: their total wait; ``wall_seconds``:
+        from the first ``next()`` to the last batch; ``wait_fraction``: the share of that
+        wall time spent waiting (near 0: data keeps up; near 1: the step waits on data);
+        ``p50``, ``p90``, ``p99``, ``max``: single waits in seconds (percentiles of up to
+        4096 waits, a uniform sample beyond). The first wait includes the workers' start.
+        """
+        return self._stalls.stats()
+
+    def reset_stalls(self) -> None:
+        """Start :meth:`stall_stats` afresh (e.g. at each epoch, or after warm-up)."""
+        self._stalls.reset()
+
     def set_weights(self, weights: dict[str, float]) -> None:
         """New mixture weights from the loader's current position on (a curriculum).
 
@@ -272,6 +291,7 @@ class StatefulDataLoader(StorageConstructors, torchdata.stateful_dataloader.Stat
             advance=self._advance,
             end_epoch=self._end_epoch,
             count_io=self._count_io,
+            stalls=self._stalls,
         )
 
     def _start_workers(self, start: LoaderPosition) -> Iterator[Any]:
@@ -368,6 +388,8 @@ class LoaderSteps:
     end_epoch: Callable[[], None]
     #: Add a batch's per-source requests and bytes to the loader's totals.
     count_io: Callable[[list[tuple[int, int]] | None], None]
+    #: Where each ``next()``'s wait is recorded (``StatefulDataLoader.stall_stats``).
+    stalls: StallClock
 
 
 class StepIterator(Iterator[Any]):
@@ -395,6 +417,12 @@ class StepIterator(Iterator[Any]):
         return self._loader.batches_per_epoch()
 
     def __next__(self) -> Any:
+        asked = time.perf_counter()
+        batch = self._next_batch()  # StopIteration passes: the end of an epoch is no batch
+        self._loader.stalls.record(asked, time.perf_counter())
+        return batch
+
+    def _next_batch(self) -> Any:
         if self._finished:
             raise StopIteration
         loader = self._loader
