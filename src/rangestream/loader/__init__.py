@@ -22,7 +22,12 @@ from rangestream.loader.collate import (
 from rangestream.loader.dataloader import STATE_VERSION, StatefulDataLoader
 from rangestream.loader.iterable import BatchIterableDataset
 from rangestream.loader.model_batches import IGNORE_INDEX, DpoCollate, SftCollate, VarlenCollate
-from rangestream.loader.options import DEFAULT_PREFETCH, BatchOptions, resolve_distributed
+from rangestream.loader.options import (
+    DEFAULT_PREFETCH,
+    BatchOptions,
+    launcher_environment,
+    resolve_distributed,
+)
 from rangestream.loader.orders.block_shuffle import BlockShuffle
 from rangestream.loader.orders.permutation import Permutation, keyed_hash
 from rangestream.loader.orders.sequence_plan import EpochPlan
@@ -63,6 +68,7 @@ __all__ = [
     "WindowSampler",
     "default_shuffle",
     "keyed_hash",
+    "launcher_environment",
     "length_mask",
     "pad_stack",
     "register_storage_kind",

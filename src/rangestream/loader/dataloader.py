@@ -296,6 +296,10 @@ class StatefulDataLoader(StorageConstructors, torchdata.stateful_dataloader.Stat
 
     def _start_workers(self, start: LoaderPosition) -> Iterator[Any]:
         """The DataLoader's iterator from ``start`` on."""
+        if self.num_workers > 0 and self.worker_init_fn.main_pid != os.getpid():
+            # built in another process (before Lightning's ddp_spawn / ddp_fork made this
+            # rank): the workers watch the process that starts them
+            self.worker_init_fn = WorkerStart(os.getpid(), self.user_worker_init)
         self.dataset.start_workers_at(start)
         self.dataset.iterated_by_loader(True)
         try:
