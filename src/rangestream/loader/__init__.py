@@ -28,7 +28,12 @@ from rangestream.loader.model_batches import (
     SftCollate,
     VarlenCollate,
 )
-from rangestream.loader.options import DEFAULT_PREFETCH, BatchOptions, resolve_distributed
+from rangestream.loader.options import (
+    DEFAULT_PREFETCH,
+    BatchOptions,
+    launcher_environment,
+    resolve_distributed,
+)
 from rangestream.loader.orders.block_shuffle import BlockShuffle
 from rangestream.loader.orders.permutation import Permutation, keyed_hash
 from rangestream.loader.orders.sequence_plan import EpochPlan
@@ -70,6 +75,7 @@ __all__ = [
     "WindowSampler",
     "default_shuffle",
     "keyed_hash",
+    "launcher_environment",
     "length_mask",
     "pad_stack",
     "register_storage_kind",

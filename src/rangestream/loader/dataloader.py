@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import time
 import warnings
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -39,6 +40,7 @@ from rangestream.errors import LoaderConfigError, StateError
 from rangestream.loader.from_storage import StorageConstructors
 from rangestream.loader.iterable import BatchIterableDataset
 from rangestream.loader.position import LoaderPosition
+from rangestream.loader.reading.stalls import StallClock
 from rangestream.loader.transport import IO_FIELDS, Bundle, for_transport
 from rangestream.loader.worker_guard import WorkerStart
 
@@ -158,6 +160,7 @@ class StatefulDataLoader(StorageConstructors, torchdata.stateful_dataloader.Stat
         self._generation = 0
         self._order_version = 0
         self._io_by_source: list[list[int]] = []
+        self._stalls = StallClock()
 
     dataset: BatchIterableDataset
 
@@ -237,6 +240,22 @@ class StatefulDataLoader(StorageConstructors, torchdata.stateful_dataloader.Stat
             for (name, count), counts in zip(samples.items(), io, strict=True)
         }
 
+    def stall_stats(self) -> dict[str, float | int]:
+        """How long the training loop waited for its batches (time inside ``next()`` of this
+        loader's iterators), cumulative since the loader was made or :meth:`reset_stalls`.
+
+        ``count``: batches handed out; ``wait_seconds``: their total wait; ``wall_seconds``:
+        from the first ``next()`` to the last batch; ``wait_fraction``: the share of that
+        wall time spent waiting (near 0: data keeps up; near 1: the step waits on data);
+        ``p50``, ``p90``, ``p99``, ``max``: single waits in seconds (percentiles of up to
+        4096 waits, a uniform sample beyond). The first wait includes the workers' start.
+        """
+        return self._stalls.stats()
+
+    def reset_stalls(self) -> None:
+        """Start :meth:`stall_stats` afresh (e.g. at each epoch, or after warm-up)."""
+        self._stalls.reset()
+
     def set_weights(self, weights: dict[str, float]) -> None:
         """New mixture weights from the loader's current position on (a curriculum).
 
@@ -261,6 +280,7 @@ class StatefulDataLoader(StorageConstructors, torchdata.stateful_dataloader.Stat
     def __iter__(self) -> StepIterator:  # type: ignore[override]
         self._generation += 1
         dataset = self.dataset
+        dataset.bind_ranks()  # rank and world size as the process group says now
         if dataset.phased:
             # the phase played from here (a new one if the setting changed since the state)
             position = dataset.position
@@ -286,10 +306,15 @@ class StatefulDataLoader(StorageConstructors, torchdata.stateful_dataloader.Stat
             advance=self._advance,
             end_epoch=self._end_epoch,
             count_io=self._count_io,
+            stalls=self._stalls,
         )
 
     def _start_workers(self, start: LoaderPosition) -> Iterator[Any]:
         """The DataLoader's iterator from ``start`` on."""
+        if self.num_workers > 0 and self.worker_init_fn.main_pid != os.getpid():
+            # built in another process (before Lightning's ddp_spawn / ddp_fork made this
+            # rank): the workers watch the process that starts them
+            self.worker_init_fn = WorkerStart(os.getpid(), self.user_worker_init)
         self.dataset.start_workers_at(start)
         self.dataset.iterated_by_loader(True)
         try:
@@ -383,6 +408,8 @@ class LoaderSteps:
     end_epoch: Callable[[], None]
     #: Add a batch's per-source requests and bytes to the loader's totals.
     count_io: Callable[[list[tuple[int, ...]] | None], None]
+    #: Where each ``next()``'s wait is recorded (``StatefulDataLoader.stall_stats``).
+    stalls: StallClock
 
 
 class StepIterator(Iterator[Any]):
@@ -410,6 +437,12 @@ class StepIterator(Iterator[Any]):
         return self._loader.batches_per_epoch()
 
     def __next__(self) -> Any:
+        asked = time.perf_counter()
+        batch = self._next_batch()  # StopIteration passes: the end of an epoch is no batch
+        self._loader.stalls.record(asked, time.perf_counter())
+        return batch
+
+    def _next_batch(self) -> Any:
         if self._finished:
             raise StopIteration
         loader = self._loader

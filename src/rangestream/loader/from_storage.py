@@ -73,7 +73,8 @@ class StorageConstructors:
         batch_size : int, default 8
             Samples per batch on each rank.
         rank, world_size : int, optional
-            ``None`` takes them from ``torch.distributed`` if initialised, else 0 and 1.
+            ``None`` takes them from ``torch.distributed`` when iteration starts (the
+            loader may be built before ``init_process_group``), else 0 and 1.
         num_workers : int, default 2
             DataLoader worker processes per rank.
         shuffle : {True, "block", "window", False}, default True

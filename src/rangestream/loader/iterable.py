@@ -23,6 +23,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch.distributed
 from torch.utils.data import IterableDataset, get_worker_info
 from torch.utils.data._utils.fetch import _BaseDatasetFetcher
 
@@ -96,7 +97,11 @@ class BatchIterableDataset(IterableDataset[Any]):
         self.source = source
         #: How its epochs are planned and read, chosen once from the source.
         self.strategy = strategy_for(source)
-        self.options = BatchOptions() if options is None else options
+        #: The options as given: rank and world size may be ``None`` until an iteration
+        #: starts (:attr:`options` resolves them).
+        self.given_options = BatchOptions() if options is None else options
+        #: ``given_options`` resolved when this process last started an iteration.
+        self._bound: BatchOptions | None = None
         self.position = LoaderPosition()
         self.worker_batches = 0
         self._resume: tuple[int, int, int] | None = None
@@ -122,15 +127,45 @@ class BatchIterableDataset(IterableDataset[Any]):
         self._io = SourceIO()
 
     def __repr__(self) -> str:
-        return f"BatchIterableDataset({self.source!r}, {self.options!r})"
+        return f"BatchIterableDataset({self.source!r}, {self.given_options!r})"
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_kept_sync"] = state["_kept_async"] = None  # readers are per process
         state["_io"] = SourceIO()
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            # A spawned DataLoader worker has no process group: it gets this rank's values
+            # (also under a DataLoader other than rangestream's, which binds nothing).
+            state["_bound"] = self.given_options.resolve()
+        else:
+            # Ranks bound without a process group (0 of 1) are this process's: a copy sent
+            # to a rank (Lightning's ddp_spawn) resolves its own.
+            state["_bound"] = None
         return state
 
     # -- settings ------------------------------------------------------------------------
+
+    @property
+    def options(self) -> BatchOptions:
+        """Batch size, rank and world size, end-of-epoch policy, prefetch, collate function,
+        with rank and world size resolved: as bound when this process last started an
+        iteration (:meth:`bind_ranks`), else from ``torch.distributed`` now.
+
+        Raises
+        ------
+        LoaderConfigError
+            Rank or world size are not given, no process group exists and the launcher's
+            environment says this is one of several ranks.
+        """
+        if self._bound is not None:
+            return self._bound
+        return self.given_options.resolve()
+
+    def bind_ranks(self) -> BatchOptions:
+        """Resolve rank and world size for the iteration starting now (in the process that
+        starts it: DataLoader workers get the values with their copy of the dataset)."""
+        self._bound = self.given_options.resolve()
+        return self._bound
 
     @property
     def phased(self) -> bool:
@@ -396,6 +431,8 @@ class BatchIterableDataset(IterableDataset[Any]):
                 "itself (with transformers: rangestream.integrations.transformers.Trainer("
                 "train_loader=loader))"
             )
+        if get_worker_info() is None:
+            self.bind_ranks()  # a worker has its loader's values (or resolves them live)
         tagged = self._tagged and self._loader_iterating
         batches = self._batches(tagged)
         if tagged and get_worker_info() is not None:

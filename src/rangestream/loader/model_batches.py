@@ -74,10 +74,9 @@ class CausalLMCollate:
         for sample in samples:
             if self.tokens is not None:
                 rows.append(_field(sample, self.tokens))
-            elif (
-                isinstance(sample, Mapping)
-                or (getattr(sample, "dtype", None) is not None
-                and (getattr(sample.dtype, "names", None)))
+            elif isinstance(sample, Mapping) or (
+                getattr(sample, "dtype", None) is not None
+                and (getattr(sample.dtype, "names", None))
             ):
                 raise CollateError(
                     "CausalLMCollate got windows with fields; name the token field: "
