@@ -105,6 +105,21 @@ class SharedPosition:
     def __init__(self) -> None:
         self._cells = multiprocessing.RawArray("q", 3 + 5 * MAX_SHARED_PHASES)
 
+    def __getstate__(self) -> dict[str, Any]:
+        # to a worker being started, the shared memory itself; anywhere else (a loader
+        # pickled whole, as Lightning's ddp_spawn sends it), a copy of the values, in memory
+        # of the receiving process's own (shared ctypes pickle only into a new child)
+        if multiprocessing.context.get_spawning_popen() is not None:
+            return {"cells": self._cells}
+        return {"values": list(self._cells)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if "cells" in state:
+            self._cells = state["cells"]
+            return
+        self._cells = multiprocessing.RawArray("q", 3 + 5 * MAX_SHARED_PHASES)
+        self._cells[:] = state["values"]
+
     def write(self, position: LoaderPosition) -> None:
         cells = self._cells
         phases = [] if position.phases is None else position.phases.state_dict()["phases"]
