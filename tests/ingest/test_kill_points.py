@@ -31,6 +31,8 @@ from support.s3 import Location
 
 from rangestream import StreamNumpyFormat, StreamStorage
 from rangestream.cli.main import main
+from rangestream.io.retry import RetryPolicy
+from rangestream.io.retrying_store import RetryingStore
 from rangestream.io.stores import open_store
 from rangestream.storage.core.kill_points import ENVIRONMENT, POINTS
 
@@ -65,11 +67,14 @@ def run_cli(arguments: list[str]) -> tuple[int, str]:
     return code, out.getvalue() + err.getvalue()
 
 
+def retried_store(location: Location) -> RetryingStore:
+    """The test's own reads and writes, retried as the library's are: a bare store's connect
+    timeout on a loaded machine failed a copy (not the protocol under test) in a parallel run."""
+    return RetryingStore(open_store(location.url, location.storage_options), RetryPolicy())
+
+
 async def _copy(source: Location, target: Location, prefixes: tuple[str, ...] = ("",)) -> None:
-    src, dst = (
-        open_store(source.url, source.storage_options),
-        open_store(target.url, target.storage_options),
-    )
+    src, dst = retried_store(source), retried_store(target)
     slots = asyncio.Semaphore(32)
 
     async def one(key: str) -> None:
@@ -91,7 +96,7 @@ def copy_store(source: Location, target: Location, prefixes: tuple[str, ...] = (
 
 def read_key(location: Location, key: str) -> bytes:
     async def get() -> bytes:
-        store = open_store(location.url, location.storage_options)
+        store = retried_store(location)
         try:
             return await store.get(key)
         finally:
@@ -102,7 +107,7 @@ def read_key(location: Location, key: str) -> bytes:
 
 def put_key(location: Location, key: str, data: bytes) -> None:
     async def put() -> None:
-        store = open_store(location.url, location.storage_options)
+        store = retried_store(location)
         try:
             await store.put(key, data)
         finally:
