@@ -29,7 +29,10 @@ REQUIREMENTS_MOSAIC = BENCH_DIR / "requirements-mosaic.txt"
 TORCH_PIN = "torch==2.13.0"
 
 # modules the main-environment systems and the report import
-MAIN_MODULES = ("litdata", "obstore", "aiohttp", "botocore", "boto3", "matplotlib", "tifffile")
+MAIN_MODULES = (
+    "litdata", "obstore", "aiohttp", "botocore", "boto3", "matplotlib", "tifffile",
+    "s3torchconnector",
+)  # fmt: skip
 
 
 def _pip(python: Path | str, *args: str) -> None:

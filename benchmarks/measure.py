@@ -180,7 +180,7 @@ class Recorder(Protocol):
 
     def restart(self) -> None: ...
 
-    def cut(self) -> None: ...
+    def cut(self, windows: int, seconds: float) -> None: ...
 
 
 class Cursor:
@@ -238,7 +238,7 @@ def timed_repeats(
         cpu = cpu_seconds() - c0
         s1 = stats() if stats else None
         if recorder is not None:
-            recorder.cut()
+            recorder.cut(n, seconds_used)
         return RepeatSample(
             windows=n,
             seconds=seconds_used,

@@ -31,7 +31,8 @@ from benchmarks.config import (
 from benchmarks.ingest import RESULTS as INGEST_RESULTS
 from benchmarks.ingest import VOCAB_SIZE
 from benchmarks.measure import Measurement, WorkloadResult
-from benchmarks.s3_ceiling import CLIENTS, best_replay, replay_rate
+from benchmarks.report_targets import issue30_targets
+from benchmarks.s3_ceiling import CLIENTS, best_replay, repeat_ratios, replay_rate
 from benchmarks.workloads import TOKEN_DTYPE
 
 LOCAL_BASELINE = "raw-memmap"
@@ -101,11 +102,27 @@ def _replays(data: dict[str, Any]) -> Replays:
     }
 
 
-def _replay_ratio(r: WorkloadResult, m: Measurement, replays: Replays) -> float | None:
-    """The system's windows/s over its own GETs' best replay, or None without one."""
+def _repeat_ratios(r: WorkloadResult, m: Measurement, replays: Replays) -> list[float]:
+    """Repeat by repeat, the system's windows/s over its own GETs' faster replay of that
+    repeat (replayed right after it)."""
     replay = replays.get((r.system, r.workload, m.concurrency))
-    best = best_replay(replay) if replay else None
-    return m.windows_per_s / best[1] if best else None
+    if not replay or replay.get("error"):
+        return []
+    return repeat_ratios(replay, [float(x["rate"]) for x in m.samples])
+
+
+def _replay_ratio(r: WorkloadResult, m: Measurement, replays: Replays) -> float | None:
+    """The median over repeats of the per-repeat ratio to the replay, or None without one."""
+    ratios = _repeat_ratios(r, m, replays)
+    return statistics.median(ratios) if ratios else None
+
+
+def _ratio_cell(r: WorkloadResult, m: Measurement, replays: Replays) -> str:
+    """E.g. ``0.91x (0.85-0.97)``: the per-repeat ratios' median and range."""
+    ratios = _repeat_ratios(r, m, replays)
+    if not ratios:
+        return DASH
+    return f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}{DASH}{max(ratios):.2f})"
 
 
 def _check(r: WorkloadResult, m: Measurement | None) -> str:
@@ -150,8 +167,8 @@ def _table(rows: list[WorkloadResult], notes: dict[str, int], replays: Replays) 
             if r.location == "local":
                 vs = _ratio(m.windows_per_s, base) + " memmap" if base else DASH
             else:
-                own = _replay_ratio(r, m, replays)
-                vs = f"{own:.2f}x own GETs" if own is not None else DASH
+                own = _ratio_cell(r, m, replays)
+                vs = f"{own} own GETs" if own != DASH else DASH
             ttfw = f"{r.ttfw_s * 1000:,.1f} ms" if r.ttfw_s is not None else DASH
             if r.open_requests is not None:
                 ttfw += f" ({r.open_requests} req)"
@@ -592,6 +609,54 @@ def _ingest_lines() -> list[str]:
     return ["", *ingest_section(json.loads(INGEST_RESULTS.read_text()), modified)]
 
 
+# Sections of docs/benchmarks.md that other commands write (their own runs, measured apart
+# from `run`), by heading prefix: a rewrite keeps them from the page it replaces, each
+# before the first generated heading starting with one of its anchors (none: at the end).
+KEPT_SECTIONS: dict[str, tuple[str, ...]] = {
+    # python -m benchmarks.cache_epochs (hand-written from its output)
+    "### Token windows, two block-shuffled epochs with the byte cache": (
+        "### Temporal windows", "### Documents", "### DataLoaders", "### The S3 ceiling",
+    ),
+    # python -m benchmarks ingest; kept only when its results file is not on this machine
+    "## Ingestion": (),
+}  # fmt: skip
+
+
+def _kept_sections(old: str) -> dict[str, list[str]]:
+    """The ``KEPT_SECTIONS`` of the page being replaced, each up to the next heading of the
+    same or a higher level."""
+    lines, out = old.splitlines(), {}
+    for prefix in KEPT_SECTIONS:
+        level = len(prefix) - len(prefix.lstrip("#"))
+        start = next((i for i, x in enumerate(lines) if x.startswith(prefix)), None)
+        if start is None:
+            continue
+        stop = next(
+            (
+                i
+                for i in range(start + 1, len(lines))
+                if lines[i].startswith("#") and len(lines[i]) - len(lines[i].lstrip("#")) <= level
+            ),
+            len(lines),
+        )
+        out[prefix] = lines[start:stop]
+    return out
+
+
+def _with_kept(lines: list[str], kept: dict[str, list[str]]) -> list[str]:
+    """``lines`` with each kept section put back (unless the run generated it itself)."""
+    for prefix, block in kept.items():
+        if any(x.startswith(prefix) for x in lines):
+            continue
+        anchors = KEPT_SECTIONS[prefix]
+        at = next((i for i, x in enumerate(lines) if anchors and x.startswith(anchors)), None)
+        body = [*block]
+        while body and not body[-1].strip():
+            body.pop()
+        lines = [*lines, "", *body] if at is None else [*lines[:at], *body, "", *lines[at:]]
+    return lines
+
+
 def _load_lines(data: dict[str, Any], cores: int) -> list[str]:
     """The machine's 1-minute load average around each measuring worker, if recorded."""
     load = data.get("load") or []
@@ -742,13 +807,13 @@ def _replay_table(results: list[WorkloadResult], replays: Replays) -> list[str]:
                 [
                     *head,
                     _fmt(gets / windows if windows else None, 3),
-                    str(rep["lanes"]) if gets else DASH,
+                    _lanes(rep["lanes"]) if gets else DASH,
                     f"{m.mean_in_flight:.1f}, {m.peak_in_flight}"
                     if m and m.mean_in_flight is not None and m.peak_in_flight is not None
                     else DASH,
                     _fmt(m.windows_per_s) if m else DASH,
                     *cells,
-                    _ratio(m.windows_per_s, best[1]) if m and best else DASH,
+                    _ratio_cell(r, m, replays) if r and m and best else DASH,
                     str(rep["left_out"]),
                     check,
                 ]
@@ -756,6 +821,13 @@ def _replay_table(results: list[WorkloadResult], replays: Replays) -> list[str]:
             + " |"
         )
     return out
+
+
+def _lanes(lanes: int | list[int]) -> str:
+    """GETs the replay kept in flight: one figure, or the range over repeats."""
+    if isinstance(lanes, int):
+        return str(lanes)
+    return str(lanes[0]) if min(lanes) == max(lanes) else f"{min(lanes)}{DASH}{max(lanes)}"
 
 
 def _spread_line(results: list[WorkloadResult]) -> list[str]:
@@ -950,10 +1022,12 @@ def write(results_path: Path, md_path: Path | None = None, png_path: Path | None
             "### The S3 ceiling: each system's own GETs replayed",
             "",
             "While each system ran over S3 the proxy logged its requests (object key, byte "
-            "range served, status), cut into the warm-up and each timed repeat. A bare client "
-            "then replays that exact sequence on the same objects, the warm-up untimed and "
-            "each repeat timed on its own: the same keys, the same ranges (open-ended and "
-            "suffix ranges as the absolute bytes served), in order. Synthetic objects would "
+            "range served, status), cut into the warm-up and each timed repeat. Right after "
+            "each repeat, before the system's next one, a bare client in a process of its own "
+            "replays that repeat's exact sequence on the same objects (the warm-up untimed): "
+            "the same keys, the same ranges (open-ended and "
+            "suffix ranges as the absolute bytes served), in order; system and replay thus "
+            "see the same machine, seconds apart. Synthetic objects would "
             "flatter the ceiling: a SeaweedFS range GET costs with the size of the object "
             "it reads and is cheaper when another GET of the same object is in flight "
             "(docs/design.md). *replayed in flight*: GETs the replay keeps in flight, "
@@ -961,8 +1035,10 @@ def write(results_path: Path, md_path: Path | None = None, png_path: Path | None
             "that choose their own concurrency, the system's mean in flight as the proxy saw "
             "it (time in flight over the repeats' time, rounded up; the peak is a burst). "
             "*replay windows/s*: the repeat's windows over the time its GETs took "
-            "(median over repeats). *system / best replay* is the *vs limit* of the tables "
-            "above: 1.0 means the system is as fast as its own GETs allow here. *not "
+            "(median over repeats). *system / best replay*, the *vs limit* of the tables "
+            "above, is taken repeat by repeat (the system's repeat over the faster client's "
+            "replay of it): its median and, in brackets, its range over the repeats; 1.0 "
+            "means the system is as fast as its own GETs allow here. *not "
             "replayed*: requests other than successful object GETs (listings, HEADs, errors). "
             "*check*: the first GETs' bytes compared with the prepared files.",
             "",
@@ -976,12 +1052,13 @@ def write(results_path: Path, md_path: Path | None = None, png_path: Path | None
         lines.append(f"{n}. {text}")
     lines += [
         "",
-        "## Targets (issues #6, #5, #4, #15 and #20; reported, not asserted)",
+        "## Targets (issues #6, #5, #4, #15, #20 and #30; reported, not asserted)",
         "",
         *_targets(by_w, replays),
         *_loader_targets(by_w),
         *(_shuffled_loader_targets(by_w, replays) if LOADER_WORKLOADS[0] in by_w else []),
         *(_shuffle_targets(data.get("shuffle_quality")) if data.get("shuffle_quality") else []),
+        *issue30_targets(by_w, replays, _baseline_local),
     ]
     if data.get("uploads"):
         lines += ["", "## Objects on the S3 server", "", "| prefix | objects | MiB | largest MiB |"]
@@ -994,5 +1071,7 @@ def write(results_path: Path, md_path: Path | None = None, png_path: Path | None
     lines += _ingest_lines()
     if data.get("notes"):
         lines += ["", "## Run notes", "", *[f"- {n}" for n in data["notes"]]]
+    if md_path.exists():
+        lines = _with_kept(lines, _kept_sections(md_path.read_text()))
     md_path.parent.mkdir(parents=True, exist_ok=True)
     md_path.write_text("\n".join(lines) + "\n")

@@ -2,11 +2,11 @@
 
 Order of work: generate data (cached) -> prepare each family's format (one worker per family,
 cached) -> start SeaweedFS and the latency proxy -> upload prepared data -> one measuring
-worker per system and location (over S3 the proxy logs each system's GETs) -> one worker
-replaying every logged GET sequence with the lean clients (the S3 ceiling, see
-``benchmarks/s3_ceiling.py``) -> one worker per shuffled loader emitting its order (shuffle
-quality, ``benchmarks/shuffle_quality.py``) -> write results JSON, ``docs/benchmarks.md``
-and the plot.
+worker per system and location (over S3 the proxy logs each system's GETs, and a replay
+service started with the S3 server replays each timed repeat's GETs with the lean clients
+right after that repeat: the S3 ceiling, see ``benchmarks/s3_ceiling.py``) -> one worker
+per shuffled loader emitting its order (shuffle quality,
+``benchmarks/shuffle_quality.py``) -> write results JSON, ``docs/benchmarks.md`` and the plot.
 
 Workers are subprocesses with timeouts, killed as a process group when late, and the whole
 run has a deadline: on a 2-core machine shared with the S3 server, one hung peer must not
@@ -15,6 +15,7 @@ take the run (or the other peers' figures) with it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -120,7 +121,8 @@ class Orchestrator:
         self.command = command
         self.deadline = time.monotonic() + deadline_s
         self.results: list[WorkloadResult] = []
-        self.replays: list[dict[str, Any]] = []  # the S3 ceiling (s3_ceiling.replay_one)
+        self.replays: list[dict[str, Any]] = []  # the S3 ceiling (s3_ceiling.ReplaySession)
+        self.replay_address: str | None = None  # the replay service, once started
         self.shuffle: dict[str, Any] | None = None  # shuffle_quality.quality
         self.notes: list[str] = []
         self.uploads: dict[str, dict[str, Any]] = {}
@@ -243,6 +245,7 @@ class Orchestrator:
                     "workloads": list(self.config.workloads),
                     "endpoint": s3.endpoint.to_json() if location == "s3" and s3 else None,
                     "s3_prefix": self.config.tag,
+                    "replay_service": self.replay_address if location == "s3" else None,
                 }
                 env = s3.endpoint.env() if location == "s3" and s3 and s3.endpoint else {}
                 _log(f"measure {entry.name} @ {location} (timeout {timeout:.0f} s)")
@@ -262,6 +265,10 @@ class Orchestrator:
                 for r in got:
                     _log(f"  {r.workload}: {r.status} {_brief(r)}")
                 self.results.extend(got)
+                for rep in out.result.get("replays", []):
+                    self.replays.append(rep)
+                    where = f"{rep['system']} {rep['workload']} c={rep['concurrency']}"
+                    _log(f"  replay {where}: {_brief_replay(rep)}")
                 for w in self.config.workloads:
                     if w in seen:
                         continue
@@ -278,48 +285,53 @@ class Orchestrator:
                     )
                     _log(f"  {w}: {status}")
 
-    def replay(self, s3: S3Environment) -> None:
-        """The S3 ceiling: every logged GET sequence replayed by the lean clients."""
-        recordings = [
-            {
-                "system": r.system,
-                "label": r.label,
-                "workload": r.workload,
-                "concurrency": m.concurrency,
-                "own_concurrency": r.own_concurrency,
-                "mean_in_flight": m.mean_in_flight,
-                "log": m.get_log,
-                "windows": [int(sample["windows"]) for sample in m.samples],
-            }
-            for r in self.results
-            if r.location == "s3" and r.status == "ok"
-            for m in r.measurements
-            if m.get_log
-        ]
-        if not recordings or s3.endpoint is None:
-            return
-        timeout = self.remaining()
-        if timeout < 10:
-            self.notes.append("S3 ceiling not replayed: run deadline reached")
-            return
+    def start_replay_service(self, s3: S3Environment) -> None:
+        """The S3 ceiling's replayer: a process of its own (this interpreter, with the lean
+        clients) that each measuring worker hands every repeat's GETs to, right after the
+        repeat (``benchmarks/s3_ceiling.py``)."""
+        assert s3.endpoint is not None
+        d = WORK_DIR / "workers"
+        d.mkdir(parents=True, exist_ok=True)
+        port_file, log = d / "replay-service.port", d / "replay-service.log"
+        port_file.unlink(missing_ok=True)
         spec = {
-            "mode": "replay",
+            "mode": "replay-service",
             "endpoint": s3.endpoint.to_json(),
             "objects_root": str(WORK_DIR / "prepared"),
-            "recordings": recordings,
+            "port_file": str(port_file),
         }
-        _log(f"replay the GETs of {len(recordings)} S3 measurements (timeout {timeout:.0f} s)")
-        out = run_worker("main", spec, "replay-s3", timeout, {})
-        self.replays = list(out.result.get("replays", []))
-        for rep in self.replays:
-            where = f"{rep['system']} {rep['workload']} c={rep['concurrency']}"
-            _log(f"  {where}: {_brief_replay(rep)}")
-        if len(self.replays) < len(recordings):
-            status = "timed out" if out.returncode is None else "failed"
-            self.notes.append(
-                f"S3 ceiling: the replay {status} after {len(self.replays)} of "
-                f"{len(recordings)} measurements: {_tail(out.log)}"
-            )
+        spec_path = d / "replay-service.spec.json"
+        spec_path.write_text(json.dumps(spec, indent=1))
+        self._replay_log = open(log, "wb")  # noqa: SIM115 (open for the service's lifetime)
+        self._replayer = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.worker", str(spec_path), str(d / "replay.out")],
+            cwd=REPO_ROOT,
+            env=_worker_env("main", {}),
+            stdout=self._replay_log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        for _ in range(600):
+            if port_file.exists() and port_file.read_text().strip():
+                self.replay_address = f"127.0.0.1:{port_file.read_text().strip()}"
+                return
+            if self._replayer.poll() is not None:
+                break
+            time.sleep(0.05)
+        self.notes.append(f"S3 ceiling: the replay service did not start: {_tail(log)}")
+
+    def stop_replay_service(self) -> None:
+        proc = getattr(self, "_replayer", None)
+        if proc is None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=10)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        self._replay_log.close()
+        self._replayer = None
 
     def shuffle_quality(self) -> None:
         """Each shuffled loader emits its order; one function computes the figures."""
@@ -398,11 +410,12 @@ class Orchestrator:
                     self.notes.append(f"S3 set-up failed: {exc}")
                     s3.close()
                     s3 = None
+            if s3 is not None:
+                self.start_replay_service(s3)
             if self.config.workloads:
                 self.measure(unavailable, s3)
-            if s3 is not None:
-                self.replay(s3)
         finally:
+            self.stop_replay_service()
             if s3 is not None:
                 s3.close()
         if self.config.shuffle is not None:
@@ -439,7 +452,8 @@ def _brief_replay(rep: dict[str, Any]) -> str:
     rates = ", ".join(
         f"{c} {rate:,.0f}/s" for c in CLIENTS if (rate := replay_rate(rep, c)) is not None
     )
-    return f"{sum(rep['gets'])} GETs, {rep['lanes']} lanes: {rates} verified={rep['verified']}"
+    lanes = rep["lanes"] if isinstance(rep["lanes"], int) else max(rep["lanes"], default=0)
+    return f"{sum(rep['gets'])} GETs, {lanes} lanes: {rates} verified={rep['verified']}"
 
 
 def _brief(r: WorkloadResult) -> str:

@@ -2,8 +2,11 @@
 
 While a system is measured over S3, the latency proxy logs every request it makes (object
 key, byte range served, status; see ``testkit.request_log``), cut at the timing loop's
-boundaries: the warm-up, then each timed repeat. After every system has run, this module
-replays each recorded sequence with a lean client, GET for GET, on the same objects:
+boundaries: the warm-up, then each timed repeat. Right after each repeat (while the
+measuring worker waits, before its next repeat) this module replays that repeat's sequence
+with lean clients in a process of its own (the replay service), GET for GET, on the same
+objects, so system and replay see the same machine (on a shared machine, a replay minutes
+later moved the ratios by about ±30%):
 
 - the same keys and the same byte ranges (an open-ended or suffix ``Range`` replays as the
   absolute range the server answered; a GET without ``Range`` replays whole), in the
@@ -16,7 +19,9 @@ replays each recorded sequence with a lean client, GET for GET, on the same obje
   proxy saw in flight during their repeats (their time in flight over the repeats' time,
   rounded up): the load they put on the server on average, where their peak is a burst;
 - repeat by repeat: the warm-up untimed, then each repeat's GETs timed on their own, so
-  the replay's windows/s is "the windows of that repeat, in the time their GETs alone take".
+  the replay's windows/s is "the windows of that repeat, in the time their GETs alone take",
+  and the ratio is taken per repeat (its median and spread are reported). The in-flight
+  count is taken per repeat too (its GETs per window, or the proxy's mean in flight).
   The untimed warm-up also keeps the replay's GETs in flight long enough to open its whole
   connection pool, as the system's own warm-up and open did for it.
 
@@ -33,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import socket
 import time
 import traceback
 from abc import ABC, abstractmethod
@@ -254,86 +260,196 @@ def _verify(client: Client, gets: list[Get], objects_root: Path, loop: Any) -> b
     return True
 
 
-def replay_one(
-    recording: dict[str, Any], endpoint: S3Endpoint, objects_root: Path
-) -> dict[str, Any]:
-    """Replay one recorded measurement with each client; its figures per repeat."""
-    log = load_log(Path(recording["log"]))
-    phases = log["phases"]
-    warmup, repeats = phases[0], phases[1:]
-    warm_gets, _ = replayable(warmup, endpoint.bucket)
-    repeat_gets: list[list[Get]] = []
-    left = 0
-    for phase in repeats:
-        gets, others = replayable(phase, endpoint.bucket)
-        repeat_gets.append(gets)
-        left += others
-    windows = [int(w) for w in recording["windows"]]
-    total_gets = sum(len(g) for g in repeat_gets)
-    lanes = lanes_for(
-        int(recording["concurrency"]),
-        total_gets,
-        sum(windows),
-        bool(recording.get("own_concurrency")),
-        recording.get("mean_in_flight"),
-    )
-    out: dict[str, Any] = {
-        key: recording[key] for key in ("system", "label", "workload", "concurrency")
-    }
-    out.update(
-        lanes=lanes,
-        windows=windows,
-        gets=[len(g) for g in repeat_gets],
-        bytes=[sum(x.size for x in g) for g in repeat_gets],
-        left_out=left,
-        verified=None,
-        clients={},
-    )
-    if total_gets == 0:
-        return out
-    for name in CLIENTS:
-        loop = asyncio.new_event_loop()
-        client = make_client(name, endpoint)
-        try:
+class ReplaySession:
+    """The replay of one measurement, repeat by repeat, as the system's repeats finish.
+
+    The system's warm-up phase arrives first (untimed, kept to warm the clients up), then
+    each timed repeat's phase: its GETs are replayed at once by each client, timed, while
+    the measuring worker waits, so the replay sees the machine the repeat just saw. The
+    clients (and their connection pools) live for the whole measurement.
+    """
+
+    def __init__(self, meta: dict[str, Any], endpoint: S3Endpoint, objects_root: Path) -> None:
+        self.endpoint = endpoint
+        self.objects_root = objects_root
+        self.warm: list[Get] = []
+        self.warmed_lanes = 0
+        self.loops: dict[str, Any] = {}
+        self.clients: dict[str, Client] = {}
+        self.out: dict[str, Any] = {
+            key: meta[key] for key in ("system", "label", "workload", "concurrency")
+        }
+        self.own_concurrency = bool(meta.get("own_concurrency"))
+        self.out.update(
+            lanes=[], windows=[], gets=[], bytes=[], left_out=0, verified=None,
+            clients={name: {"seconds": [], "cpu_s": []} for name in CLIENTS},
+        )  # fmt: skip
+
+    def warm_up(self, entries: list[dict[str, Any]]) -> None:
+        self.warm, left = replayable(entries, self.endpoint.bucket)
+        self.out["left_out"] += left
+
+    def _client(self, name: str) -> Client | None:
+        figures = self.out["clients"][name]
+        if "error" in figures:
+            return None
+        if name not in self.clients:
+            loop = asyncio.new_event_loop()
+            client = make_client(name, self.endpoint)
+            self.loops[name], self.clients[name] = loop, client
             loop.run_until_complete(client.connect())
-            if out["verified"] is None:
-                first = next(g for g in repeat_gets if g)
-                out["verified"] = _verify(client, first, objects_root, loop)
-            loop.run_until_complete(_replay(client, _warm_up(warm_gets, repeat_gets, lanes), lanes))
-            seconds, cpu = [], []
-            for gets in repeat_gets:
+        return self.clients[name]
+
+    def repeat(self, entries: list[dict[str, Any]], windows: int, seconds: float) -> dict[str, Any]:
+        """Replay one timed repeat's GETs with each client; its figures."""
+        gets, left = replayable(entries, self.endpoint.bucket)
+        lanes = (
+            max(1, math.ceil(mean_in_flight(entries, seconds)))
+            if self.own_concurrency
+            else lanes_for(int(self.out["concurrency"]), len(gets), windows, False, None)
+        )
+        out = self.out
+        out["left_out"] += left
+        for key, value in (
+            ("lanes", lanes), ("windows", windows), ("gets", len(gets)),
+            ("bytes", sum(g.size for g in gets)),
+        ):  # fmt: skip
+            out[key].append(value)
+        figures: dict[str, Any] = {}
+        for name in CLIENTS:
+            mine = out["clients"][name]
+            try:
+                client = self._client(name)
+                if client is None:
+                    continue
+                loop = self.loops[name]
+                if gets and out["verified"] is None:
+                    out["verified"] = _verify(client, gets, self.objects_root, loop)
+                if gets and lanes > self.warmed_lanes:
+                    # every lane opens its connection before the timed part
+                    loop.run_until_complete(
+                        _replay(client, _warm_up(self.warm, [gets], lanes), lanes)
+                    )
                 c0, t0 = cpu_seconds(), time.perf_counter()
-                loop.run_until_complete(_replay(client, gets, lanes))
-                seconds.append(time.perf_counter() - t0)
-                cpu.append(cpu_seconds() - c0)
-            out["clients"][name] = {"seconds": seconds, "cpu_s": cpu}
-        except Exception as exc:  # reported in the table, never hidden
-            traceback.print_exc()
-            out["clients"][name] = {"error": f"{type(exc).__name__}: {exc}"}
-        finally:
-            loop.run_until_complete(client.close())
-            loop.close()
-    return out
+                if gets:
+                    loop.run_until_complete(_replay(client, gets, lanes))
+                mine["seconds"].append(time.perf_counter() - t0)
+                mine["cpu_s"].append(cpu_seconds() - c0)
+                figures[name] = windows / mine["seconds"][-1] if gets else None
+            except Exception as exc:  # reported in the table, never hidden
+                traceback.print_exc()
+                mine["error"] = f"{type(exc).__name__}: {exc}"
+        if gets:
+            self.warmed_lanes = max(self.warmed_lanes, lanes)
+        return {"gets": len(gets), "lanes": lanes, "rates": figures}
+
+    def close(self) -> dict[str, Any]:
+        for name, client in self.clients.items():
+            loop = self.loops[name]
+            try:
+                loop.run_until_complete(client.close())
+            finally:
+                loop.close()
+        self.clients, self.loops = {}, {}
+        return self.out
 
 
-def replay(spec: dict[str, Any], write: Any) -> dict[str, Any]:
-    """Worker mode ``replay``: every recording of the run, results written after each."""
+def serve(spec: dict[str, Any], write: Any) -> dict[str, Any]:
+    """Worker mode ``replay-service``: replay sessions for the measuring workers, one at a time.
+
+    Listens on loopback (its port written to ``spec["port_file"]``); a connection carries
+    JSON lines: ``begin`` (the measurement's names and its warm-up phase), ``repeat`` (one
+    timed repeat's phase, its windows and seconds; answered once replayed), ``end``
+    (answered with the measurement's replay figures). A measuring worker in any interpreter
+    talks to it with the standard library (:class:`InlineReplay`).
+    """
     endpoint = S3Endpoint(**spec["endpoint"])
     objects_root = Path(spec["objects_root"])
-    report: dict[str, Any] = {"replays": []}
-    for recording in spec["recordings"]:
+    report: dict[str, Any] = {"sessions": 0}
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port_file = Path(spec["port_file"])
+        port_file.write_text(str(server.getsockname()[1]))
+        while True:
+            conn, _ = server.accept()
+            session: ReplaySession | None = None
+            with conn, conn.makefile("rwb") as stream:
+                try:
+                    for line in stream:
+                        msg = json.loads(line)
+                        answer: dict[str, Any] = {}
+                        if msg["op"] == "begin":
+                            session = ReplaySession(msg["meta"], endpoint, objects_root)
+                            session.warm_up(msg["entries"])
+                        elif msg["op"] == "repeat" and session is not None:
+                            answer = session.repeat(
+                                msg["entries"], int(msg["windows"]), float(msg["seconds"])
+                            )
+                        elif msg["op"] == "end" and session is not None:
+                            answer = session.close()
+                            session = None
+                            report["sessions"] += 1
+                            write(report)
+                        stream.write(json.dumps(answer).encode() + b"\n")
+                        stream.flush()
+                except (OSError, ValueError):
+                    traceback.print_exc()  # a worker killed mid-session: serve the next
+                finally:
+                    if session is not None:
+                        session.close()
+
+
+class InlineReplay:
+    """The measuring worker's side of a replay session (standard library only).
+
+    Passed to the proxy recorder as its ``after_cut``: the first phase (the warm-up) opens
+    the session, every later one (a timed repeat) is replayed before the next repeat starts.
+    """
+
+    def __init__(self, address: str, meta: dict[str, Any]) -> None:
+        self._meta = meta
+        self._begun = False
+        self._error: str | None = None
+        self._sock: socket.socket | None = None
         try:
-            report["replays"].append(replay_one(recording, endpoint, objects_root))
-        except Exception as exc:
-            traceback.print_exc()
-            report["replays"].append(
-                {
-                    **{k: recording[k] for k in ("system", "label", "workload", "concurrency")},
-                    "error": f"{type(exc).__name__}: {exc}",
-                }
-            )
-        write(report)
-    return report
+            host, _, port = address.rpartition(":")
+            self._sock = socket.create_connection((host, int(port)), timeout=600)
+            self._stream = self._sock.makefile("rwb")
+        except OSError as exc:  # the row is still measured; its ceiling says why it is absent
+            self._error = f"replay service unreachable: {type(exc).__name__}: {exc}"
+
+    def _ask(self, msg: dict[str, Any]) -> dict[str, Any]:
+        self._stream.write(json.dumps(msg).encode() + b"\n")
+        self._stream.flush()
+        line = self._stream.readline()
+        if not line:
+            raise OSError("the replay service closed the connection")
+        return json.loads(line)  # type: ignore[no-any-return]
+
+    def __call__(self, entries: list[dict[str, Any]], windows: int, seconds: float) -> None:
+        if self._error is not None:
+            return
+        try:
+            if not self._begun:
+                self._ask({"op": "begin", "meta": self._meta, "entries": entries})
+                self._begun = True
+                return
+            self._ask({"op": "repeat", "entries": entries, "windows": windows, "seconds": seconds})
+        except (OSError, ValueError) as exc:
+            self._error = f"replay failed: {type(exc).__name__}: {exc}"
+
+    def finish(self) -> dict[str, Any]:
+        """The measurement's replay figures (``replay_rate``), or an ``error`` entry."""
+        try:
+            if self._error is None and self._begun:
+                return self._ask({"op": "end"})
+        except (OSError, ValueError) as exc:
+            self._error = f"replay failed: {type(exc).__name__}: {exc}"
+        finally:
+            if self._sock is not None:
+                self._stream.close()
+                self._sock.close()
+        names = ("system", "label", "workload", "concurrency")
+        return {**{k: self._meta[k] for k in names}, "error": self._error or "no repeats"}
 
 
 # --------------------------------------------------------------------------- figures
@@ -358,3 +474,25 @@ def best_replay(replay: dict[str, Any]) -> tuple[str, float] | None:
     """The faster client and its replay windows/s, or None when nothing was replayed."""
     rates = [(c, r) for c in CLIENTS if (r := replay_rate(replay, c)) is not None]
     return max(rates, key=lambda cr: cr[1]) if rates else None
+
+
+def repeat_ratios(replay: dict[str, Any], system_rates: list[float]) -> list[float]:
+    """Per timed repeat, the system's windows/s over its own GETs' faster replay of it.
+
+    ``system_rates`` are the system's repeats in order (``Measurement.samples``); repeats
+    without GETs (served from a cache) have no ratio.
+    """
+    clients = replay.get("clients", {})
+    out = []
+    pairs = zip(replay.get("windows", []), replay.get("gets", []), strict=True)
+    for k, (windows, gets) in enumerate(pairs):
+        if not gets or k >= len(system_rates):
+            continue
+        rates = [
+            windows / secs[k]
+            for c in CLIENTS
+            if len(secs := clients.get(c, {}).get("seconds", [])) > k and secs[k] > 0
+        ]
+        if rates:
+            out.append(system_rates[k] / max(rates))
+    return out

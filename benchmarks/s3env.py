@@ -14,6 +14,7 @@ import json
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,9 @@ class ProxyRecorder:
         self._url = endpoint.control_url + "/log"
         self.phases: list[list[dict[str, Any]]] = []
         self.dropped = 0
+        #: called with each phase, its windows and seconds right after it is cut (the S3
+        #: ceiling's replay of that repeat); what it sends through the proxy is dropped
+        self.after_cut: Callable[[list[dict[str, Any]], int, float], None] | None = None
 
     def start(self) -> None:
         _proxy_post(self._url + "/start")
@@ -98,8 +102,12 @@ class ProxyRecorder:
         self._take()
         self.phases = []
 
-    def cut(self) -> None:
-        self.phases.append(self._take())
+    def cut(self, windows: int = 0, seconds: float = 0.0) -> None:
+        phase = self._take()
+        self.phases.append(phase)
+        if self.after_cut is not None:
+            self.after_cut(phase, windows, seconds)
+            self._take()  # the replay's own GETs, and nothing of the system's repeats
 
     def stop(self) -> None:
         _proxy_post(self._url + "/stop")

@@ -1,7 +1,8 @@
 """Worker subprocess: prepare data for, or measure, one system at one location.
 
-Two more modes serve the report's other sections: ``replay`` (the S3 ceiling,
-``benchmarks/s3_ceiling.py``) and ``order`` (one loader's emitted order for the shuffle
+Two more modes serve the report's other sections: ``replay-service`` (the S3 ceiling,
+``benchmarks/s3_ceiling.py``: a long-lived process the measuring workers hand each
+repeat's GETs to, right after the repeat) and ``order`` (one loader's emitted order for the shuffle
 quality, ``benchmarks/shuffle_quality.py``).
 
 ``python -m benchmarks.worker SPEC.json OUT.json`` (run by the orchestrator, possibly with
@@ -35,7 +36,7 @@ from benchmarks.measure import (
     verify,
     verify_in_stream,
 )
-from benchmarks.s3_ceiling import mean_in_flight, peak_in_flight, save_log
+from benchmarks.s3_ceiling import InlineReplay, mean_in_flight, peak_in_flight, save_log
 from benchmarks.s3env import ProxyRecorder, S3Endpoint, proxy_stats
 from benchmarks.systems.base import Location, Support, System, Unavailable
 from benchmarks.workloads import TokensData, load_dataset, load_windows
@@ -159,6 +160,25 @@ def _prime(
     return None
 
 
+def _replay_session(
+    spec: dict[str, Any], recorder: ProxyRecorder | None, res: WorkloadResult, c: int
+) -> InlineReplay | None:
+    """The replay of this measurement's GETs after each of its repeats (S3 rows)."""
+    address = spec.get("replay_service")
+    if recorder is None or not address:
+        return None
+    meta = {
+        "system": res.system,
+        "label": res.label,
+        "workload": res.workload,
+        "concurrency": c,
+        "own_concurrency": res.own_concurrency,
+    }
+    session = InlineReplay(address, meta)
+    recorder.after_cut = session
+    return session
+
+
 def measure(spec: dict[str, Any], out: Path) -> dict[str, Any]:
     """Measure every requested workload of one system at one location."""
     config = RunConfig.from_json(spec["config"])
@@ -166,7 +186,8 @@ def measure(spec: dict[str, Any], out: Path) -> dict[str, Any]:
     location_kind: str = spec["location"]
     endpoint = S3Endpoint(**spec["endpoint"]) if spec.get("endpoint") else None
     results: list[dict[str, Any]] = []
-    report: dict[str, Any] = {"system": system.name, "results": results}
+    replays: list[dict[str, Any]] = []  # the S3 ceiling, one per measurement over S3
+    report: dict[str, Any] = {"system": system.name, "results": results, "replays": replays}
     try:
         system.check_available()
     except Unavailable as exc:
@@ -237,6 +258,7 @@ def measure(spec: dict[str, Any], out: Path) -> dict[str, Any]:
             for c in config.concurrency:
                 if c not in support.concurrency:
                     continue
+                session = _replay_session(spec, recorder, res, c)
                 m = timed_repeats(
                     lambda ids, cc, w=windows: system.read(w, ids, cc),
                     windows,
@@ -246,6 +268,9 @@ def measure(spec: dict[str, Any], out: Path) -> dict[str, Any]:
                     stats,
                     recorder,
                 )
+                if session is not None:
+                    recorder.after_cut = None  # type: ignore[union-attr]
+                    replays.append(session.finish())
                 if recorder is not None:
                     log = Path(spec["gets_root"]) / f"{system.name}-{workload}-c{c}.json"
                     save_log(log, recorder.phases, {"dropped": recorder.dropped})
@@ -287,10 +312,10 @@ def measure(spec: dict[str, Any], out: Path) -> dict[str, Any]:
 def main(argv: list[str]) -> int:
     spec_path, out_path = Path(argv[0]), Path(argv[1])
     spec = json.loads(spec_path.read_text())
-    if spec["mode"] == "replay":
-        from benchmarks.s3_ceiling import replay
+    if spec["mode"] == "replay-service":
+        from benchmarks.s3_ceiling import serve
 
-        result = replay(spec, lambda partial: _write(out_path, partial))
+        result = serve(spec, lambda partial: _write(out_path, partial))
     elif spec["mode"] == "order":
         from benchmarks.shuffle_quality import emit
 

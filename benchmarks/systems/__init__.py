@@ -63,6 +63,14 @@ REGISTRY: tuple[SystemEntry, ...] = (
         "litdata-loader", "benchmarks.systems.litdata_systems", "LitDataLoader",
         "litdata-dataset", ("local", "s3"),
     ),
+    # Amazon's S3 Connector for PyTorch (S3 only; see s3torch_systems.py)
+    SystemEntry(
+        "s3torch-map", "benchmarks.systems.s3torch_systems", "S3TorchMap", "s3torch", ("s3",),
+    ),
+    SystemEntry(
+        "s3torch-iterable", "benchmarks.systems.s3torch_systems", "S3TorchIterable", "s3torch",
+        ("s3",),
+    ),
     SystemEntry(
         "mosaic-dataset", "benchmarks.systems.mosaic_systems", "MosaicDataset", "mosaic",
         ("local", "s3"), interpreter="mosaic",

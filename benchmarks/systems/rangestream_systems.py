@@ -3,9 +3,10 @@
 - ``rangestream-sync``: ``StreamStorage.sync_reader().read`` (tokens),
   ``TemporalArrayStorage.read_window`` (temporal), ``DocumentStorage`` ``read_many`` (documents);
   one call per window.
-- ``rangestream-dataset``: the path users call for token windows,
-  ``StreamDataset(storage, sequence_length=2049, stride=1).sync_reader()[i]`` (window ``i``
-  starts at token ``i``), on local disk: the dataset layer on top of the storage read above.
+- ``rangestream-dataset``: the seed's own calls as the reference documents write them, on
+  local disk: ``StreamDataset(storage, sequence_length=2049, stride=1).sync_reader()[i]``
+  (window ``i`` starts at token ``i``) for tokens, ``storage.read_window(record, start=...,
+  frames=..., fields=[...])`` for temporal windows.
 - ``rangestream-async``: the same through ``async_reader()`` / ``aread_window`` with
   ``concurrency`` windows in flight on one reader and one event loop.
 - ``rangestream-loader``: ``StatefulDataLoader.from_storage`` (2 workers, batches of 8,
@@ -86,9 +87,9 @@ def _storage_kwargs(location: Location, max_concurrency: int = 64) -> dict[str, 
         "storage_options": {
             "key": ep.access_key,
             "secret": ep.secret_key,
+            # no pool size forced: the library sizes its connection pools from the request
+            # cap (``io/request_cap.py``), as a user running it with these options gets
             "client_kwargs": {"endpoint_url": ep.proxy_url, "region_name": ep.region},
-            # s3fs allows 10 connections by default (ARCHITECTURE.md)
-            "config_kwargs": {"max_pool_connections": max(64, max_concurrency)},
         },
         "max_concurrency": max_concurrency,
     }
@@ -216,44 +217,85 @@ class RangestreamSync(_Rangestream):
 
 
 class RangestreamDataset(_Rangestream):
-    """``StreamDataset(storage, sequence_length=2049, stride=1).sync_reader()[i]``, local.
+    """The seed's own calls, as the reference documents write them, on local disk.
 
-    With ``stride=1`` item ``i`` is the window that starts at token ``i``, so every workload
-    window is one item, read exactly as a training script indexes a dataset. The row sits
-    beside ``rangestream-sync`` (the storage-level ``read``) so the cost of the dataset layer
-    is visible on its own.
+    - tokens: ``with StreamDataset(storage, sequence_length=2049, stride=1).sync_reader() as
+      reader: reader[i]``. With ``stride=1`` item ``i`` is the window that starts at token
+      ``i``, so every workload window is one item, read exactly as a training script
+      indexes a dataset;
+    - temporal: ``storage.read_window(record, start=s, frames=f, fields=[...])`` on the
+      ``TemporalArrayStorage`` itself, keyword arguments as in the reference.
+
+    The rows sit beside ``rangestream-sync`` (the reader calls) so the cost of the call path
+    users write is visible on its own.
     """
 
     name = "rangestream-dataset"
-    label = "rangestream StreamDataset[i]"
+    label = "rangestream seed calls: StreamDataset[i], read_window"
 
     def supports(self, workload: str, location: str) -> Support | None:
-        if not workload.startswith("tokens") or location != "local":
+        if location != "local":
+            return None
+        if workload == "temporal":
+            return Support(
+                concurrency=(1,),
+                note="storage.read_window(record, start=s, frames=f, fields=[...]) on the "
+                "TemporalArrayStorage, one call per window (the reference's call form)",
+            )
+        if not workload.startswith("tokens"):
             return None
         return Support(
             concurrency=(1,),
-            note="StreamDataset(storage, sequence_length=2049, stride=1).sync_reader()[i], "
-            "item i = the window starting at token i; one item per window",
+            note="with StreamDataset(storage, sequence_length=2049, stride=1).sync_reader() "
+            "as reader: reader[i], item i = the window starting at token i; one item per window",
         )
 
     def open(self, data: DatasetData, location: Location) -> None:
-        assert isinstance(data, TokensData)
         rs = _rangestream()
         self._storage = self._make_storage(data, location, 16)
+        if isinstance(data, TemporalData):
+            return
+        assert isinstance(data, TokensData)
         dataset = rs.StreamDataset(self._storage, sequence_length=data.window_tokens, stride=1)
-        self._reader = dataset.sync_reader()
+        self._reader = dataset.sync_reader().__enter__()
 
     def fetch(self, windows: WindowSet, i: int) -> Payload:
         assert windows.starts is not None
+        if windows.dataset == "temporal":
+            assert windows.records is not None
+            return self._storage.read_window(
+                int(windows.records[i]), start=int(windows.starts[i]), frames=windows.frames,
+                fields=list(windows.fields),
+            )  # fmt: skip
         return np.asarray(self._reader[int(windows.starts[i])][TOKEN_FIELD])
 
     def read(self, windows: WindowSet, ids: np.ndarray, concurrency: int) -> int:
-        # raw-memmap's loop: window starts converted at once, then one subscript per window
+        # raw-memmap's loop: window arguments converted at once, then one call per window
         assert windows.starts is not None
-        reader, total = self._reader, 0
+        total = 0
+        if windows.dataset == "temporal":
+            assert windows.records is not None
+            read_window, frames, fields = (
+                self._storage.read_window,
+                windows.frames,
+                list(windows.fields),
+            )
+            records, starts = windows.records[ids].tolist(), windows.starts[ids].tolist()
+            for record, start in zip(records, starts, strict=True):
+                got = read_window(record, start=start, frames=frames, fields=fields)
+                for array in got.values():
+                    total += array.nbytes
+            return total
+        reader = self._reader
         for start in windows.starts[ids].tolist():
             total += reader[start][TOKEN_FIELD].nbytes
         return total
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.__exit__(None, None, None)
+            self._reader = None
+        super().close()
 
 
 class RangestreamAsync(_Rangestream):
