@@ -94,3 +94,61 @@ def test_elastic_changes_are_accepted_and_resume_exactly(windows: StreamStorage)
     order = np.concatenate([b[:, 0].numpy() for b in whole])[10:]
     expected = order[: len(order) // 4 * 4].reshape(-1, 4)[:, 2:]
     assert np.concatenate(rest).tolist() == expected.reshape(-1).tolist()
+
+
+# -- the block shuffle's buffer cuts -------------------------------------------------------------
+
+BLOCK = {"shuffle": "block", "run_windows": 8, "buffer_runs": 4, "num_workers": 2}
+
+
+def old_block_state(storage: StreamStorage) -> dict[str, Any]:
+    """A state as the loader wrote it before it recorded ``buffer_cuts``: block-shuffled,
+    two workers, 6 steps of 5 into epoch 0 (its buffers on the fixed grid of 4 runs)."""
+    commit = loader(storage, **BLOCK).state_dict()["commit"]  # the data's: equal then and now
+    return {
+        "version": 1, "epoch": 0, "consumed_samples": 30, "phases": [[1, 5, 2, 1, 6]],
+        "kind": "indexed", "shuffle": "block", "seed": 0, "run_windows": 8, "buffer_runs": 4,
+        "num_samples": 500, "commit": commit, "sequence_length": 4, "stride": 4,
+        "next_token": False, "batch_size": 5, "world_size": 1, "rank": 0, "drop_last": True,
+    }  # fmt: skip
+
+
+def test_an_old_block_state_without_buffer_cuts_is_refused_naming_both_schemes(
+    windows: StreamStorage,
+) -> None:
+    from rangestream.loader.orders.block_shuffle import BlockShuffle
+    from rangestream.loader.orders.phases import EpochPosition
+
+    state = old_block_state(windows)
+    # what is at stake: the windows its two readers consumed under the grid are not the
+    # ones at the same positions of today's order, cut at those readers' regions
+    shuffle = BlockShuffle(500, 0, 8, 4)
+    position = EpochPosition.from_state_dict(state)
+    regions = [(0, 15), (250, 265)]  # each worker's first 3 steps of 5
+    consumed = np.concatenate([np.arange(a, b) for a, b in regions])
+    assert set(shuffle.window_at(0, consumed).tolist()) != set(
+        shuffle.window_at(0, consumed, position).tolist()
+    )
+    for resumed in (loader(windows, **BLOCK), loader(windows, **{**BLOCK, "num_workers": 0})):
+        with pytest.raises(StateError) as caught:
+            resumed.load_state_dict(state)
+        message = str(caught.value)
+        assert "no buffer_cuts" in message and "buffer_cuts='grid'" in message
+        assert "buffer_cuts='first-phase'" in message and "epoch 0" in message
+    with pytest.raises(StateError, match="no buffer_cuts"):
+        loader(windows, **BLOCK).dataset.load_state_dict(
+            {**state, "worker_id": 0, "num_workers": 1, "worker_batches": 0}
+        )
+
+
+def test_a_block_state_cut_by_another_scheme_is_refused_and_todays_resumes(
+    windows: StreamStorage,
+) -> None:
+    state = saved(windows, **BLOCK)
+    assert state["buffer_cuts"] == "first-phase"
+    with pytest.raises(StateError, match="has buffer_cuts='grid', but this loader cuts"):
+        loader(windows, **BLOCK).load_state_dict({**state, "buffer_cuts": "grid"})
+    whole = [b["tokens"][:, 0].tolist() for b in loader(windows, **BLOCK)]
+    resumed = loader(windows, **BLOCK)
+    resumed.load_state_dict(state)
+    assert [b["tokens"][:, 0].tolist() for b in resumed] == whole[2:]

@@ -43,6 +43,7 @@ from rangestream.loader.position import LoaderPosition
 from rangestream.loader.reading.stalls import StallClock
 from rangestream.loader.transport import IO_FIELDS, Bundle, for_transport
 from rangestream.loader.worker_guard import WorkerStart
+from rangestream.loader.worker_imports import preload_forkserver
 
 __all__ = ["STATE_VERSION", "LoaderSteps", "StatefulDataLoader", "StepIterator"]
 
@@ -135,13 +136,16 @@ class StatefulDataLoader(StorageConstructors, torchdata.stateful_dataloader.Stat
         num_workers = kwargs.get("num_workers", 0)
         if num_workers > 0:
             kwargs.setdefault("persistent_workers", True)  # epochs without restarts
-        if num_workers > 0 and _start_method(kwargs) == "fork":
+        method = _start_method(kwargs) if num_workers > 0 else None
+        if method == "fork":
             # Forked workers inherit the parent's imports. Each worker seeds numpy.random
             # at start, importing it if the parent has not: in a forked child of a large
             # process that took ~120 ms before the first batch (43 vs 173 ms measured).
             import numpy.random  # noqa: F401
 
             dataset.preload()  # and the storage's client code
+        elif method == "forkserver":
+            preload_forkserver()  # torch and this package, once (loader.worker_imports)
         if kwargs.get("persistent_workers") and num_workers > 0:
             dataset.share_position()
         #: The user's ``worker_init_fn``: with one, no batch is read before it ran (the

@@ -82,8 +82,10 @@ from rangestream.loader.orders.worker_plan import (
 )
 
 __all__ = [
+    "BUFFER_CUTS",
     "DEFAULT_BUFFER_RUNS",
     "DEFAULT_RUN_BYTES",
+    "LEGACY_BUFFER_CUTS",
     "SPAN_MIN_FILL",
     "BlockShuffle",
     "EpochPosition",
@@ -104,6 +106,15 @@ DEFAULT_BUFFER_RUNS = 8
 """Runs mixed together per worker (``K``): a batch's windows come from about ``K`` places
 of the source (one pair in nine shares a 4 MiB neighbourhood, measured), and a worker
 holds ``K * run`` bytes (32 MiB with 4 MiB runs) plus the next buffer it reads ahead."""
+BUFFER_CUTS = "first-phase"
+"""How an epoch's buffers are cut, saved in every block-shuffled state (``buffer_cuts``):
+at the reader regions of the epoch's first phase (:func:`first_phase_cuts`). The order ``Q``
+depends on it as on the seed, so a state planned under another scheme is refused: its
+consumed prefix of ``Q`` is not this order's, and the rest of the epoch would repeat some
+windows and skip others."""
+LEGACY_BUFFER_CUTS = "grid"
+"""The scheme of states that carry no ``buffer_cuts`` (saved before it was recorded): the
+fixed grid of ``K`` runs, whatever the readers."""
 _RUN_ORDER = 0x52554E53  # purposes of the derived keys: the run order, a buffer's order
 _BUFFER_ORDER = 0x42554646
 _CUT_BUFFER_ORDER = 0x43555442  # a buffer cut at a reader region's edge, keyed by its bounds

@@ -15,8 +15,14 @@ from typing import Any, Protocol
 import numpy as np
 
 from rangestream.arguments import positive_integer
-from rangestream.errors import LoaderConfigError
-from rangestream.loader.orders.block_shuffle import DEFAULT_RUN_BYTES, BlockShuffle, buffer_runs_for
+from rangestream.errors import LoaderConfigError, StateError
+from rangestream.loader.orders.block_shuffle import (
+    BUFFER_CUTS,
+    DEFAULT_RUN_BYTES,
+    LEGACY_BUFFER_CUTS,
+    BlockShuffle,
+    buffer_runs_for,
+)
 from rangestream.loader.orders.permutation import Permutation
 from rangestream.loader.sources.protocol import (
     EpochPlanning,
@@ -178,6 +184,7 @@ class IndexedSource(SampleSource):
         if self.planning is EpochPlanning.BLOCKS:
             identity["run_windows"] = self.run_windows
             identity["buffer_runs"] = self.buffer_runs
+            identity["buffer_cuts"] = BUFFER_CUTS
         return identity
 
     def describe_data(self) -> dict[str, Any]:
@@ -254,9 +261,19 @@ class IndexedSource(SampleSource):
         return BlockShuffle(num_samples, self.seed, self.run_windows, self.buffer_runs)
 
     def adopt_order_parameters(self, state: Mapping[str, Any]) -> None:
-        """Take the block shuffle's parameters from a saved state, unless given here."""
+        """Take the block shuffle's parameters from a saved state, unless given here.
+
+        Raises
+        ------
+        StateError
+            The state is block-shuffled but its buffers were cut by another scheme
+            (``buffer_cuts``; none recorded: :data:`LEGACY_BUFFER_CUTS`): its epoch's order
+            is another one.
+        """
         if self.planning is not EpochPlanning.BLOCKS:
             return
+        if state.get("kind") == "indexed" and state.get("shuffle") == self.order.value:
+            check_buffer_cuts(state)
         for key in ("run_windows", "buffer_runs"):
             saved = state.get(key)
             if key not in self.explicit and type(saved) is int and saved > 0:
@@ -278,3 +295,24 @@ class IndexedSource(SampleSource):
         preload = getattr(getattr(self.dataset, "storage", None), "preload_readers", None)
         if callable(preload):
             preload()
+
+
+def check_buffer_cuts(state: Mapping[str, Any]) -> None:
+    """Refuse a block-shuffled state whose epoch order was cut into buffers by a scheme
+    other than :data:`BUFFER_CUTS`, naming both (the old one included, which recorded none)."""
+    saved = state.get("buffer_cuts", LEGACY_BUFFER_CUTS)
+    if saved == BUFFER_CUTS:
+        return
+    how = (
+        "no buffer_cuts: it was saved before the scheme was recorded, with buffers on the "
+        f"fixed grid of buffer_runs runs (buffer_cuts={LEGACY_BUFFER_CUTS!r})"
+        if "buffer_cuts" not in state
+        else f"buffer_cuts={saved!r}"
+    )
+    raise StateError(
+        f"cannot resume: the block-shuffled state has {how}, but this loader cuts an epoch's "
+        f"buffers at its first phase's reader regions (buffer_cuts={BUFFER_CUTS!r}); the "
+        f"epoch's order differs, so the rest of epoch {state.get('epoch')!r} would repeat "
+        "some windows and skip others. Finish that epoch with the version that saved the "
+        "state, or start a later epoch afresh (loader.set_epoch) without it"
+    )
