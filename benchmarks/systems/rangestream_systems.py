@@ -70,6 +70,15 @@ TOKEN_FIELD = "tokens"
 TOKEN_ROW = np.dtype([(TOKEN_FIELD, TOKEN_DTYPE)])  # StreamNumpyFormat takes structured dtypes
 
 
+def stored_ids(ids: np.ndarray) -> np.ndarray:
+    """The loader's int64 token ids (its model-ready default, timed as users get them) back
+    in the stored dtype, so the check compares them with the stored truth and the bytes
+    count as the stored payload's; a value that does not survive the cast stays int64 and
+    fails the check."""
+    stored = ids.astype(TOKEN_DTYPE)
+    return stored if np.array_equal(stored, ids) else ids
+
+
 def _rangestream() -> Any:
     try:
         import rangestream
@@ -448,7 +457,7 @@ class RangestreamLoader(_Rangestream):
                 self._iter = None
                 continue
             self._io[pid] = io
-            self._rows.extend(np.asarray(batch[TOKEN_FIELD]))
+            self._rows.extend(stored_ids(np.asarray(batch[TOKEN_FIELD])))
         if peek:
             return self._rows[0]
         self._next_index += 1
