@@ -350,6 +350,7 @@ class ByteCache:
         """Add this process's hits and misses to the directory's ``STATS`` file."""
         if not self.enabled or not any(self._pending):
             return
+        self._flushed_at = time.monotonic()
         # the counts are for people (``rangestream cache``): a directory that cannot take
         # them loses this flush's counts rather than failing a read
         with suppress(OSError), locked(self.directory):
