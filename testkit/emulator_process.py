@@ -1,6 +1,8 @@
 """One emulator process on a free loopback port, killed with its process group.
 
-The GCS and Azure emulators (``gcp_storage_emulator``, ``azurite``) share this: each is a
+The GCS and Azure emulators (``gcp_storage_emulator``, ``azurite``) and the S3 servers of
+the matrix (``s3_servers``: moto, rclone; ready once an S3 client lists buckets) share
+this: each is a
 child in its own session (so ``stop`` kills it and whatever it started), armed with the
 parent-death signal on Linux (it dies with an interpreter killed without running atexit),
 stopped at exit, its data in a private temporary directory, and ready once it answers HTTP.
@@ -16,6 +18,7 @@ import subprocess
 import tempfile
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -89,11 +92,7 @@ class EmulatorProcess:
             code = None if self._process is None else self._process.poll()
             return None if code is None else f"it exited with {code}:\n{self.log_tail()}"
 
-        def answers() -> None:
-            # an HTTP answer, whatever its status, says the server is up
-            with contextlib.suppress(urllib.error.HTTPError):
-                urllib.request.urlopen(self.endpoint_url + self.ready_path, timeout=2).close()
-
+        answers, done = self.readiness()
         try:
             _retry_until(
                 answers,
@@ -104,7 +103,19 @@ class EmulatorProcess:
         except BaseException:
             self.stop()
             raise
+        finally:
+            done()
         return self
+
+    def readiness(self) -> tuple[Callable[[], None], Callable[[], None]]:
+        """``(check, done)``: ``check`` raises until the server is up; ``done`` frees what
+        it used. Here: any HTTP answer from ``ready_path``, whatever its status."""
+
+        def answers() -> None:
+            with contextlib.suppress(urllib.error.HTTPError):
+                urllib.request.urlopen(self.endpoint_url + self.ready_path, timeout=2).close()
+
+        return answers, lambda: None
 
     def stop(self) -> None:
         process, self._process = self._process, None

@@ -185,3 +185,24 @@ def test_an_entry_damaged_after_its_first_check_is_dropped_and_refetched(
     assert found is not None
     found.flush_stats()
     assert summarize_cache(cache).dropped >= len(damaged)
+
+
+def test_the_directory_counts_agree_with_the_loader_while_its_workers_live(
+    s3_url: S3Location, s3_proxy: LatencyProxy, tmp_path: Path
+) -> None:
+    """Persistent workers live across epochs: ``rangestream cache`` must not wait for them
+    to exit to show what the loader counts (one fresh directory, this loader alone)."""
+    write(s3_url.url, s3_url.storage_options)
+    cache = tmp_path / "cache"
+    options = s3_proxy.merge_storage_options(s3_url.storage_options)
+    loader = shuffled(cached_storage(s3_url.url, options, cache, 1 << 26))
+    for _epoch in range(2):
+        assert sorted(epoch_windows(loader)) == list(range(WINDOWS))
+        counted = loader.source_stats()["source"]
+        summary = summarize_cache(cache)
+        assert (summary.hits, summary.misses, summary.bytes_served) == (
+            counted["cache_hits"],
+            counted["cache_misses"],
+            counted["cache_bytes"],
+        )
+    assert counted["cache_hits"] >= 400 and counted["cache_misses"] >= 400  # both epochs

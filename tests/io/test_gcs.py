@@ -13,7 +13,7 @@ import os
 from collections.abc import Iterator
 
 import pytest
-from support.cloud import CloudLocation
+from support.cloud import CloudLocation, counting_proxy
 
 from rangestream.errors import RetriesExhaustedError
 from rangestream.io.conditional_writes import (
@@ -31,8 +31,7 @@ DATA = bytes(range(256)) * 40  # 10240 bytes
 
 @pytest.fixture
 def proxy(gcs_location: CloudLocation) -> Iterator[LatencyProxy]:
-    with LatencyProxy(gcs_location.endpoint_url, delay=0.0) as proxy:
-        yield proxy
+    yield from counting_proxy(gcs_location)
 
 
 def _store(location: CloudLocation, proxy: LatencyProxy) -> GcsStore:
@@ -84,31 +83,6 @@ def test_a_suffix_costs_a_metadata_get_and_one_range(
     log = proxy.stop_request_log()
     assert [r.range for r in log] == [None, "bytes=9940-10239"]
     assert log[0].query == "" and "/storage/v1/b/" in log[0].path  # metadata, not media
-
-
-def test_listing_sizes_and_deletes(gcs_location: CloudLocation) -> None:
-    store = open_store(gcs_location.url, gcs_location.storage_options)
-
-    async def run() -> tuple[object, ...]:
-        for key in ("a/1", "a/b/2", "c"):
-            await store.put(key, b"x" * len(key))
-        found = (await store.list(""), await store.list("a"), await store.list_prefixes(""))
-        sizes = [(i.key, i.size) for i in await store.list_details("")]
-        checks = (await store.exists("a/1"), await store.exists("nope"), await store.size("a/b/2"))
-        await store.delete_prefix("a")
-        return found, sizes, checks, await store.list("")
-
-    found, sizes, checks, left = asyncio.run(run())
-    assert found == (["a/1", "a/b/2", "c"], ["a/1", "a/b/2"], ["a"])
-    assert sizes == [("a/1", 3), ("a/b/2", 5), ("c", 1)]
-    assert checks == (True, False, 5)
-    assert left == ["c"]
-
-
-def test_a_missing_object_is_file_not_found(gcs_location: CloudLocation) -> None:
-    store = open_store(gcs_location.url, gcs_location.storage_options)
-    with pytest.raises(FileNotFoundError):
-        asyncio.run(store.get_range("missing", 0, 10))
 
 
 def test_the_probe_finds_that_the_emulator_ignores_if_generation_match(

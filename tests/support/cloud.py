@@ -112,9 +112,14 @@ def cloud_location(request: pytest.FixtureRequest) -> CloudLocation:
     return location
 
 
+def counting_proxy(location: CloudLocation) -> Iterator[LatencyProxy]:
+    """A counting proxy (no delay, no faults) in front of ``location``'s emulator, for a
+    fixture to yield from; open the location with ``location.options_for(proxy.endpoint_url)``."""
+    with LatencyProxy(location.endpoint_url, delay=0.0) as proxy:
+        yield proxy
+
+
 @pytest.fixture
 def cloud_proxy(cloud_location: CloudLocation) -> Iterator[LatencyProxy]:
-    """A counting proxy (no delay, no faults) in front of ``cloud_location``'s emulator;
-    open the location with ``cloud_location.options_for(cloud_proxy.endpoint_url)``."""
-    with LatencyProxy(cloud_location.endpoint_url, delay=0.0) as proxy:
-        yield proxy
+    """``counting_proxy`` in front of ``cloud_location``'s emulator."""
+    yield from counting_proxy(cloud_location)

@@ -31,7 +31,9 @@ Per-source I/O counters (:class:`SourceIO`): workers read; the loader in the tra
 process reports (``source_stats``). So a worker sends, with every batch, what each source's
 reader made since its previous batch, and the loader adds it up: exact whatever the number
 of workers, restarts or persistent workers. The counts are :data:`IO_FIELDS`: requests and
-bytes fetched, and the node-local byte cache's hits, misses and bytes it served.
+bytes fetched, and the node-local byte cache's hits, misses and bytes it served. A batch
+that carries cache counts first adds them to the cache directory's ``STATS`` file, so
+``rangestream cache`` shows what the loader counts while persistent workers live on.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ from typing import Any
 import numpy as np
 import torch
 from torch.utils.data import get_worker_info
+
+from rangestream.io.cache.settings import flush_stats as flush_cache_stats
 
 __all__ = [
     "BUNDLE_BATCHES",
@@ -192,10 +196,14 @@ class SourceIO:
         now = [counts() for counts in self._counters]
         seen = self._seen or [_NO_IO] * len(now)
         self._seen = now
-        return [
+        deltas = [
             tuple(a - b for a, b in zip(new, old, strict=True))
             for new, old in zip(now, seen, strict=True)
         ]
+        if any(any(delta[2:]) for delta in deltas):
+            # the byte cache's STATS file then holds at least what the loader will count
+            flush_cache_stats()
+        return deltas
 
 
 def _io_counts(reader: Any) -> Callable[[], tuple[int, ...]]:

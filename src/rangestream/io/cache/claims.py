@@ -27,18 +27,23 @@ import hashlib
 import os
 import time
 import uuid
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rangestream.io.cache.entries import range_spans
 from rangestream.io.ranges import RangeRequest
 
 __all__ = [
     "CLAIMS",
     "CLAIM_SECONDS",
     "ClaimedParts",
+    "claim_free_parts",
     "claim_is_live",
+    "hold_claim",
     "object_tag",
     "read_claims",
+    "release_claim",
     "split_covered",
 ]
 
@@ -139,3 +144,41 @@ def split_covered(
     if at < end:
         free.append((at, end))
     return free, taken
+
+
+def claim_free_parts(
+    directory: Path,
+    folders: list[Path],
+    ranges: list[RangeRequest],
+    parts: ClaimedParts,
+) -> None:
+    """Fill ``parts`` for ``ranges`` (``folders``: each range's entry folder): claim for this
+    process the parts no entry and no live claim covers, note the rest and the claims to
+    wait for. Call under the directory's lock (see the module docstring for why)."""
+    where = directory / CLAIMS
+    claims = read_claims(where)
+    now = time.time()
+    live: dict[str, bool] = {}
+    spans: dict[Path, list[tuple[int, int]]] = {}
+    for request, folder in zip(ranges, folders, strict=True):
+        tag = object_tag(folder)
+        covered = []
+        for low, high, path in claims.get(tag, ()):
+            if low < request.end and high > request.start:
+                if path not in live:
+                    live[path] = claim_is_live(path, now)
+                    if live[path]:
+                        parts.awaited.append(path)
+                    else:
+                        with suppress(FileNotFoundError):
+                            os.unlink(path)  # released or abandoned
+                if live[path]:
+                    covered.append((low, high))
+        if folder not in spans:
+            spans[folder] = range_spans(folder)
+        covered += spans[folder]
+        free, taken = split_covered(request.start, request.end, covered)
+        for low, high in free:
+            parts.held.append(hold_claim(where, tag, low, high))
+            parts.mine.append(RangeRequest(request.key, low, high))
+        parts.theirs += [RangeRequest(request.key, low, high) for low, high in taken]

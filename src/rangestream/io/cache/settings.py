@@ -2,7 +2,9 @@
 
 One :class:`ByteCache` per directory and process, shared by every reader using it, so a
 process checks each entry once and counts its hits in one place; its counts reach the
-directory's ``STATS`` file as it goes, at exit, and at the end of a forked worker.
+directory's ``STATS`` file as it goes (at most a second late), at every batch a loader's
+worker hands out (:func:`flush_stats`, so ``rangestream cache`` agrees with the loader's
+``source_stats`` while workers live on), at exit, and at the end of a forked worker.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import shutil
 from rangestream.io.cache.byte_cache import ByteCache
 from rangestream.io.process import after_fork
 
-__all__ = ["CACHE_BYTES_ENV", "CACHE_DIR_ENV", "cache_for", "parse_budget"]
+__all__ = ["CACHE_BYTES_ENV", "CACHE_DIR_ENV", "cache_for", "flush_stats", "parse_budget"]
 
 CACHE_DIR_ENV = "RANGESTREAM_CACHE_DIR"
 CACHE_BYTES_ENV = "RANGESTREAM_CACHE_BYTES"
@@ -69,9 +71,18 @@ def cache_for(
     return found
 
 
-def _flush_all() -> None:
+def flush_stats() -> None:
+    """Add the counts this process's caches have not yet added to their ``STATS`` files.
+
+    Cheap when there is nothing to add (no lock taken). The loader's workers call it when a
+    batch they hand out carries cache counts: persistent workers live across epochs, and
+    without it their last second of counts would wait for their exit.
+    """
     for cache in list(_caches.values()):
         cache.flush_stats()
+
+
+_flush_all = flush_stats
 
 
 def _after_fork_in_child() -> None:
