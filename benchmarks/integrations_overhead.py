@@ -122,7 +122,22 @@ def lightning(batches: Iterable[Any], steps: int) -> None:
     trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=steps, logger=False,
                         enable_progress_bar=False, enable_model_summary=False,
                         enable_checkpointing=False, num_sanity_val_steps=0)  # fmt: skip
+    if isinstance(batches, list):  # a list would be taken for a list of loaders
+        batches = InMemoryBatches(batches)
     trainer.fit(Module(), train_dataloaders=batches)
+
+
+class InMemoryBatches:
+    """A list of batches as one iterable loader (for Lightning)."""
+
+    def __init__(self, batches: list[Any]) -> None:
+        self.batches = batches
+
+    def __iter__(self) -> Any:
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
 
 
 FRAMEWORKS: dict[str, Callable[[Iterable[Any], int], None]] = {
@@ -137,6 +152,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--frameworks", nargs="*", default=list(FRAMEWORKS))
     options = parser.parse_args()
     warnings.filterwarnings("ignore")
     logging.getLogger("lightning").setLevel(logging.ERROR)
@@ -157,7 +173,8 @@ def main() -> None:
         print("| framework | in-memory s (median) | rangestream s (median) | ratio median "
               "| ratio range |")  # fmt: skip
         print("|---|---|---|---|---|")
-        for name, fit in FRAMEWORKS.items():
+        for name in options.frameworks:
+            fit = FRAMEWORKS[name]
             fit(in_memory, 2)  # warm: imports, first allocations
             memory: list[float] = []
             ours: list[float] = []
