@@ -617,6 +617,12 @@ KEPT_SECTIONS: dict[str, tuple[str, ...]] = {
     "### Token windows, two block-shuffled epochs with the byte cache": (
         "### Temporal windows", "### Documents", "### DataLoaders", "### The S3 ceiling",
     ),
+    # python -m benchmarks.cloud_requests (hand-written from its output)
+    "### Requests and bytes per window on S3, GCS and Azure": (
+        "### Temporal windows", "### Documents", "### DataLoaders", "### The S3 ceiling",
+    ),
+    # python -m benchmarks.integrations_overhead (hand-written from its output)
+    "## Training frameworks: loader overhead": ("## Targets", "## Objects on the S3 server"),
     # python -m benchmarks ingest; kept only when its results file is not on this machine
     "## Ingestion": (),
 }  # fmt: skip

@@ -153,8 +153,11 @@ def test_a_resumed_run_with_workers_trains_on_the_uninterrupted_batches(
 ) -> None:
     write_tokens(s3_url)
     process = {"num_workers": 2, "multiprocessing_context": context}
-    # the block shuffle's order depends on the readers (workers) of the epoch: same setting
-    uninterrupted = [b["input_ids"] for b in make_loader(s3_url, s3_proxy, **process)]
+    # the block shuffle's order depends on the readers (workers) of the epoch: the same
+    # num_workers; not on how they start, so the reference runs fork (cheap): the trained
+    # runs' batches under ``context`` must equal fork's
+    reference_process = {"num_workers": 2, "multiprocessing_context": "fork"}
+    uninterrupted = [b["input_ids"] for b in make_loader(s3_url, s3_proxy, **reference_process)]
     assert len(uninterrupted) == STEPS
     crashed, _ = train(tmp_path / "b", make_loader(s3_url, s3_proxy, **process),
                        crash_at=CRASH_AT)  # fmt: skip
@@ -167,7 +170,7 @@ def test_a_resumed_run_with_workers_trains_on_the_uninterrupted_batches(
     state = json.loads(
         (tmp_path / "b" / f"checkpoint-{SAVE_EVERY}" / LOADER_STATE_NAME).read_text()
     )
-    reference = make_loader(s3_url, s3_proxy, **process)
+    reference = make_loader(s3_url, s3_proxy, **reference_process)
     s3_proxy.start_request_log()
     rest_of_epoch(reference, state)
     assert sorted(resumed_gets) == sorted(reads(s3_proxy))

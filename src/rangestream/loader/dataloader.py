@@ -168,6 +168,21 @@ class StatefulDataLoader(StorageConstructors, torchdata.stateful_dataloader.Stat
 
     dataset: BatchIterableDataset
 
+    @property
+    def _is_accelerate_prepared(self) -> bool:
+        """Read first by ``accelerate.Accelerator.prepare``, which would rebuild a plain
+        DataLoader over :attr:`dataset`: refused there, at once (the rebuilt loader keeps no
+        position for ``save_state`` and shards again what this loader shards by rank)."""
+        raise LoaderConfigError(
+            "accelerate's prepare() rebuilds a DataLoader from loader.dataset: it would keep "
+            "no position (save_state/load_state could not resume it) and, with several "
+            "processes, shard again what this loader already shards by rank. Use "
+            "rangestream.integrations.accelerate.Accelerator (prepare() then keeps this "
+            "loader, moves its batches to the device and registers it for checkpointing), "
+            "or keep the loader out of prepare(): accelerator.register_for_checkpointing("
+            "loader), batches moved with accelerate.utils.send_to_device"
+        )
+
     # -- position ------------------------------------------------------------------------
 
     @property
