@@ -60,11 +60,33 @@ def test_bad_input_exits_2_naming_the_line_and_skip_bad_lists_it(
     failed = run_convert(arguments)
     assert failed.returncode == 2
     assert f"{source}:2: field 'text' is not text" in failed.stderr
+    assert "--skip-bad" in failed.stderr  # the first row error says how to skip bad rows
     skipped = run_convert([*arguments, "--skip-bad", "--resume"])
     assert skipped.returncode == 0, skipped.stderr
     assert "rejected  1 rows" in skipped.stdout
     (reject,) = (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()
     assert json.loads(reject)["where"] == f"{source}:2"
+
+
+def test_a_row_over_max_row_bytes_exits_2_naming_the_line_and_the_flag(tmp_path: Path) -> None:
+    source = tmp_path / "in.jsonl"
+    long_row = json.dumps({"text": "x" * 5000}) + "\n"
+    source.write_text('{"text": "short"}\n' + long_row + '{"text": "also short"}\n')
+    arguments = [str(source), "--to", str(tmp_path / "out"), "--preset", "seq", "--tokenizer",
+                 "bytes", "--workers", "0", "--no-progress", "--max-row-bytes", "1000"]  # fmt: skip
+    failed = run_convert(arguments)
+    assert failed.returncode == 2, failed.stderr
+    bound = f"the row is {len(long_row):,} bytes, over the bound of 1,000"
+    assert f"{source}:2: {bound}" in failed.stderr and "--max-row-bytes" in failed.stderr
+    assert "--skip-bad" in failed.stderr and "Traceback" not in failed.stderr
+    skipped = run_convert([*arguments, "--skip-bad"])
+    assert skipped.returncode == 0, skipped.stderr
+    (reject,) = (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()
+    assert json.loads(reject)["where"] == f"{source}:2"
+    storage = StreamStorage(tmp_path / "out", StreamNumpyFormat(np.dtype([("sequence", "<u2")])))
+    with storage.sync_reader() as reader:
+        got = reader.read(0, reader.total_length)["sequence"].tolist()
+    assert got == [*b"short", 256, *b"also short", 256]
 
 
 def test_convert_reads_and_writes_s3_with_the_endpoint_flag(

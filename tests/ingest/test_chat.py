@@ -66,5 +66,8 @@ def test_messages_are_normalized_and_unknown_roles_refused() -> None:
     assert got == [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
     with pytest.raises(BadInputError, match="f:1: message 0 has unknown role 'bot'"):
         normalize_messages([{"role": "bot", "content": "x"}], "role", "content", "f:1")
+    for role in (5, ["user"], {"name": "user"}):  # not text; a list is not even hashable
+        with pytest.raises(BadInputError, match="f:1: message 0 has unknown role"):
+            normalize_messages([{"role": role, "content": "x"}], "role", "content", "f:1")
     with pytest.raises(BadInputError, match="f:1: message 0 has no text"):
         normalize_messages([{"role": "user", "content": 3}], "role", "content", "f:1")

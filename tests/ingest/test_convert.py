@@ -16,7 +16,7 @@ from support.s3 import Location
 import rangestream
 from ingest import truth
 from rangestream import DocumentStorage, StreamStorage
-from rangestream.errors import BadInputError, InvalidRecordError, ResumeError
+from rangestream.errors import BadInputError, ResumeError
 
 ROWS = 24
 
@@ -430,11 +430,12 @@ def test_a_token_id_beyond_the_vocabulary_is_refused_not_wrapped(tmp_path: Path)
     class Lying(ByteTokenizer):
         vocab_size = 256  # says its ids fit one byte, then produces EOS 256
 
-    with pytest.raises(InvalidRecordError, match="256"):
+    # a row error naming the line (so skip_bad can skip it), not a bare InvalidRecordError
+    path = write_jsonl(tmp_path / "in.jsonl", [{"text": "x"}])
+    with pytest.raises(BadInputError, match=r"in\.jsonl:1: field 'token ids of bytes': value 256"):
         rangestream.convert(
-            str(write_jsonl(tmp_path / "in.jsonl", [{"text": "x"}])), tmp_path / "out",
-            preset="seq", tokenizer=Lying(), workers=0, progress=False,
-        )  # fmt: skip
+            str(path), tmp_path / "out", preset="seq", tokenizer=Lying(), workers=0, progress=False
+        )
 
 
 # -- sessions ---------------------------------------------------------------------------------

@@ -140,9 +140,10 @@ def normalize_messages(
         role = message.get(role_field)
         content = message.get(content_field)
         role = ROLE_ALIASES.get(role, role) if isinstance(role, str) else role
-        if role not in KNOWN_ROLES:
+        # a role that is not text is unknown (a list or dict is not even hashable)
+        if not isinstance(role, str) or role not in KNOWN_ROLES:
             raise BadInputError(
-                f"{where}: message {number} has unknown role {message.get(role_field)!r} "
+                f"{where}: message {number} has unknown role {_short(message.get(role_field))} "
                 f"(known: {', '.join(sorted(KNOWN_ROLES))}, or {', '.join(ROLE_ALIASES)})"
             )
         if not isinstance(content, str):

@@ -1,6 +1,11 @@
 """What a preset is: input field names, length limits, a build's outcome, the base class.
 
-The presets themselves (seq, sft, dpo, grpo) are in ``ingest/presets.py``.
+The presets themselves (seq, sft, dpo, grpo) are in ``ingest/presets.py``. A preset says
+what one row gives the tokenizer (``prepare``) and what the ids become (``build``); the
+base class runs both for a batch, the tokenizer once for all of it, and is the one place
+where an error raised by one row's data (a value of the wrong type, a number out of its
+dtype's range, a chat template or the tokenizer refusing it) becomes that row's row error,
+named by its file and line, so ``skip_bad`` skips it and a failing conversion names it.
 """
 
 from __future__ import annotations
@@ -12,13 +17,24 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from rangestream.errors import BadInputError
+from rangestream.errors import BadInputError, InvalidRecordError
 from rangestream.formats.field_values import fit_to_field
 from rangestream.ingest.chat import normalize_messages
 from rangestream.ingest.inputs import Row
 from rangestream.ingest.tokenizers import Tokenizer
 
-__all__ = ["TOO_LONG", "Fields", "Limits", "Outcome", "Preset", "guarded", "token_dtype"]
+__all__ = [
+    "ROW_DATA_ERRORS",
+    "TOO_LONG",
+    "Fields",
+    "Limits",
+    "Outcome",
+    "Preset",
+    "Texts",
+    "guarded",
+    "row_error",
+    "token_dtype",
+]
 
 TOO_LONG = ("error", "truncate", "split")
 
@@ -67,6 +83,49 @@ class Outcome:
     rows: int = 1
 
 
+@dataclass
+class Texts:
+    """What one row gives the tokenizer: its texts and, for presets that mask, the
+    ``[start, stop)`` character spans of each text that train; ``extra`` is whatever
+    ``build`` needs beside the ids (the rewards of a grpo row)."""
+
+    texts: list[str]
+    spans: list[list[tuple[int, int]]] | None = None
+    extra: Any = None
+
+
+#: Ids of one text and its mask (``None`` for presets that do not mask).
+Encoded = tuple[np.ndarray, np.ndarray | None]
+
+#: What processing one row's data raises when the data is wrong: a value of the wrong
+#: type (``TypeError``), a missing key or index (``LookupError``), a number that does not
+#: fit (``ValueError``, ``OverflowError``), nesting too deep to walk (``RecursionError``).
+#: ``BadInputError`` and ``InvalidRecordError`` are ``ValueError``s. Anything else (a
+#: ``MemoryError``, a store failing) is not the row's fault and stops the conversion.
+ROW_DATA_ERRORS: tuple[type[BaseException], ...] = (
+    ValueError,
+    TypeError,
+    LookupError,
+    ArithmeticError,
+    RecursionError,
+)
+
+
+def row_error(row: Row, error: BaseException) -> BadInputError:
+    """``error``, raised while processing ``row``, as its row error: a ``BadInputError``
+    whose message starts with the row's file and line."""
+    where = str(row.where)
+    if isinstance(error, (BadInputError, InvalidRecordError)):
+        text = str(error)
+    else:
+        text = f"{type(error).__name__}: {error}"
+    if not text.startswith(where):
+        text = f"{where}: {text}"
+    made = BadInputError(text)
+    made.__cause__ = error
+    return made
+
+
 def token_dtype(vocab_size: int) -> np.dtype[Any]:
     """The smallest unsigned dtype holding every id below ``vocab_size``."""
     for dtype in ("u1", "<u2", "<u4"):
@@ -95,8 +154,11 @@ class Preset(abc.ABC):
 
     def _ids(self, ids: np.ndarray, row: Row) -> np.ndarray:
         """Token ids in the stored dtype; an id that does not fit is refused, not wrapped."""
-        what = f"{row.where}: token ids of {self.tokenizer.name}"
-        return fit_to_field(ids, self.tokens, what).astype(self.tokens, copy=False)
+        try:
+            fitted = fit_to_field(ids, self.tokens, f"token ids of {self.tokenizer.name}")
+        except InvalidRecordError as error:
+            raise row_error(row, error) from error
+        return fitted.astype(self.tokens, copy=False)
 
     @abc.abstractmethod
     def columns(self) -> list[str]:
@@ -107,8 +169,80 @@ class Preset(abc.ABC):
         """The format records are written with."""
 
     @abc.abstractmethod
+    def prepare(self, row: Row) -> Texts:
+        """What ``row`` gives the tokenizer; raises on bad data."""
+
+    @abc.abstractmethod
+    def build(self, row: Row, texts: Texts, encoded: list[Encoded]) -> Outcome:
+        """``row``'s outcome from the ids of its texts; raises on bad data."""
+
+    def check(self) -> None:
+        """Refuse a tokenizer this preset cannot use (before any row: not a row error)."""
+        return None
+
     def convert(self, rows: Sequence[Row]) -> list[Outcome]:
         """The outcome of each row, in order (one batch: the tokenizer runs once)."""
+        self.check()
+        prepared = list(guarded(rows, self.prepare))
+        encoded = self._encode(prepared)
+        out = []
+        for (row, texts), ids in zip(prepared, encoded, strict=True):
+            if isinstance(texts, BadInputError):
+                out.append(Outcome(row, [], str(texts)))
+            elif isinstance(ids, BadInputError):
+                out.append(Outcome(row, [], str(ids)))
+            else:
+                try:
+                    out.append(self.build(row, texts, ids))
+                except ROW_DATA_ERRORS as error:
+                    out.append(Outcome(row, [], str(row_error(row, error))))
+        return out
+
+    def _encode_texts(
+        self, texts: list[str], spans: list[list[tuple[int, int]]] | None
+    ) -> list[Encoded]:
+        if spans is None:
+            return [(ids, None) for ids in self.tokenizer.encode_batch(texts)]
+        return list(self.tokenizer.encode_masked(texts, spans))
+
+    def _encode(
+        self, prepared: list[tuple[Row, Texts | BadInputError]]
+    ) -> list[list[Encoded] | BadInputError | None]:
+        """The ids of each prepared row's texts, by one call of the tokenizer for all.
+
+        When that call fails (the ``tokenizers`` library raises a plain ``Exception``, and
+        a whole batch fails for one row), each row is encoded alone: a row that fails alone
+        is a row error, and the batch's error is raised only if no row fails alone.
+        """
+        good = [(i, t) for i, (_, t) in enumerate(prepared) if isinstance(t, Texts)]
+        out: list[list[Encoded] | BadInputError | None] = [None] * len(prepared)
+        if not good:
+            return out
+        masked = good[0][1].spans is not None
+        texts = [text for _, t in good for text in t.texts]
+        spans = [s for _, t in good for s in (t.spans or [])] if masked else None
+        try:
+            flat = self._encode_texts(texts, spans)
+        except MemoryError:
+            raise
+        except Exception as batch_error:
+            failed = False
+            for index, one in good:
+                try:
+                    out[index] = self._encode_texts(one.texts, one.spans)
+                except MemoryError:
+                    raise
+                except Exception as error:
+                    out[index] = row_error(prepared[index][0], error)
+                    failed = True
+            if not failed:
+                raise batch_error
+            return out
+        position = 0
+        for index, one in good:
+            out[index] = flat[position : position + len(one.texts)]
+            position += len(one.texts)
+        return out
 
     def describe(self) -> dict[str, Any]:
         """What the stored dataset holds, beside the format (kept in its schema)."""
@@ -167,12 +301,12 @@ class Preset(abc.ABC):
 
 
 def guarded(rows: Sequence[Row], build: Any) -> Iterator[tuple[Row, Any]]:
-    """``(row, build(row))``, or ``(row, error text)`` for rows that cannot be built."""
+    """``(row, build(row))``, or ``(row, its row error)`` for rows that cannot be built."""
     for row in rows:
         if row.error is not None:
             yield row, BadInputError(f"{row.where}: {row.error}")
             continue
         try:
             yield row, build(row)
-        except BadInputError as error:
-            yield row, error
+        except ROW_DATA_ERRORS as error:
+            yield row, row_error(row, error)

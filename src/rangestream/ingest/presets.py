@@ -46,17 +46,19 @@ from typing import Any
 import numpy as np
 
 from rangestream.errors import BadInputError
+from rangestream.formats.field_values import fit_to_field
 from rangestream.formats.records import RecordField, RecordFormat
 from rangestream.formats.stream_numpy import StreamNumpyFormat
 from rangestream.ingest.chat import normalize_messages
 from rangestream.ingest.inputs import Row
 from rangestream.ingest.preset import (
     TOO_LONG,
+    Encoded,
     Fields,
     Limits,
     Outcome,
     Preset,
-    guarded,
+    Texts,
     token_dtype,
 )
 from rangestream.ingest.tokenizers import Tokenizer
@@ -87,32 +89,22 @@ class SeqPreset(Preset):
     def storage_format(self) -> StreamNumpyFormat[Any]:
         return StreamNumpyFormat(np.dtype([("sequence", self.tokens)]))
 
-    def convert(self, rows: Sequence[Row]) -> list[Outcome]:
-        eos = self.tokenizer.require_eos("the seq preset")
-        prepared = list(guarded(rows, lambda row: self._text(row, self.fields.text)))
-        texts = [t for _, t in prepared if isinstance(t, str)]
-        encoded = iter(self.tokenizer.encode_batch(texts)) if texts else iter(())
-        out = []
-        for row, text in prepared:
-            if not isinstance(text, str):
-                out.append(Outcome(row, [], str(text)))
-                continue
-            ids = next(encoded)
-            if not len(ids):
-                out.append(Outcome(row, [], f"{row.where}: empty document"))
-                continue
-            sequence = np.empty(len(ids) + 1, dtype=ids.dtype)
-            sequence[:-1] = ids
-            sequence[-1] = eos
-            sequence = self._ids(sequence, row)
-            try:
-                records = self._fit({"sequence": sequence}, row)
-            except BadInputError as error:
-                out.append(Outcome(row, [], str(error)))
-                continue
-            kept = sum(len(r["sequence"]) for r in records)
-            out.append(Outcome(row, records, None, kept, kept))
-        return out
+    def check(self) -> None:
+        self.tokenizer.require_eos("the seq preset")
+
+    def prepare(self, row: Row) -> Texts:
+        return Texts([self._text(row, self.fields.text)])
+
+    def build(self, row: Row, texts: Texts, encoded: list[Encoded]) -> Outcome:
+        ((ids, _),) = encoded
+        if not len(ids):
+            raise BadInputError(f"{row.where}: empty document")
+        sequence = np.empty(len(ids) + 1, dtype=ids.dtype)
+        sequence[:-1] = ids
+        sequence[-1] = self.tokenizer.eos_id
+        records = self._fit({"sequence": self._ids(sequence, row)}, row)
+        kept = sum(len(r["sequence"]) for r in records)
+        return Outcome(row, records, None, kept, kept)
 
 
 class SftPreset(Preset):
@@ -140,54 +132,32 @@ class SftPreset(Preset):
             )
         )
 
-    def _render(self, row: Row) -> tuple[str, list[tuple[int, int]]]:
-        template = self.tokenizer.require_chat_template()
+    def check(self) -> None:
+        self.tokenizer.require_chat_template()
+
+    def prepare(self, row: Row) -> Texts:
         messages = normalize_messages(
             self._field(row, self.fields.messages),
             self.fields.role,
             self.fields.content,
             str(row.where),
         )
-        text, spans = template.assistant_spans(messages)
+        text, spans = self.tokenizer.require_chat_template().assistant_spans(messages)
         if not spans:
             raise BadInputError(f"{row.where}: no assistant message to train on")
-        return text, spans
+        return Texts([text], [spans])
 
-    def convert(self, rows: Sequence[Row]) -> list[Outcome]:
-        prepared = list(guarded(rows, self._render))
-        good = [value for _, value in prepared if isinstance(value, tuple)]
-        encoded = iter(
-            self.tokenizer.encode_masked([t for t, _ in good], [s for _, s in good]) if good else ()
-        )
-        out = []
-        for row, value in prepared:
-            if not isinstance(value, tuple):
-                out.append(Outcome(row, [], str(value)))
-                continue
-            ids, mask = next(encoded)
-            if not len(ids):
-                out.append(Outcome(row, [], f"{row.where}: empty document"))
-                continue
-            ids = self._ids(ids, row)
-            try:
-                pieces = self._fit({"sequence": ids, "loss_mask": mask}, row)
-            except BadInputError as error:
-                out.append(Outcome(row, [], str(error)))
-                continue
-            records = [
-                {**piece, "position_ids": np.arange(len(piece["sequence"]), dtype=self.positions)}
-                for piece in pieces
-            ]
-            out.append(
-                Outcome(
-                    row,
-                    records,
-                    None,
-                    sum(len(r["sequence"]) for r in records),
-                    sum(int(r["loss_mask"].sum()) for r in records),
-                )
-            )
-        return out
+    def build(self, row: Row, texts: Texts, encoded: list[Encoded]) -> Outcome:
+        ((ids, mask),) = encoded
+        if not len(ids):
+            raise BadInputError(f"{row.where}: empty document")
+        pieces = self._fit({"sequence": self._ids(ids, row), "loss_mask": mask}, row)
+        records = [
+            {**piece, "position_ids": np.arange(len(piece["sequence"]), dtype=self.positions)}
+            for piece in pieces
+        ]
+        tokens = sum(len(r["sequence"]) for r in records)
+        return Outcome(row, records, None, tokens, sum(int(r["loss_mask"].sum()) for r in records))
 
 
 class DpoPreset(Preset):
@@ -224,7 +194,6 @@ class DpoPreset(Preset):
                     f"{row.where}: without a chat template, dpo needs text fields "
                     f"{self.fields.prompt!r}, {self.fields.chosen!r} and {self.fields.rejected!r}"
                 )
-            self.tokenizer.require_eos("dpo without a chat template")
             return [(prompt + chosen, [(len(prompt), len(prompt + chosen))]),
                     (prompt + rejected, [(len(prompt), len(prompt + rejected))])]  # fmt: skip
         answers = []
@@ -251,38 +220,30 @@ class DpoPreset(Preset):
             out.append((text, spans))
         return out
 
-    def convert(self, rows: Sequence[Row]) -> list[Outcome]:
-        prepared = list(guarded(rows, self._texts))
-        good = [pair for _, value in prepared if isinstance(value, list) for pair in value]
-        encoded = iter(
-            self.tokenizer.encode_masked([t for t, _ in good], [s for _, s in good]) if good else ()
-        )
+    def check(self) -> None:
+        if self.tokenizer.chat_template is None:
+            self.tokenizer.require_eos("dpo without a chat template")
+
+    def prepare(self, row: Row) -> Texts:
+        pairs = self._texts(row)
+        return Texts([text for text, _ in pairs], [spans for _, spans in pairs])
+
+    def build(self, row: Row, texts: Texts, encoded: list[Encoded]) -> Outcome:
         plain = self.tokenizer.chat_template is None
-        out = []
-        for row, value in prepared:
-            if not isinstance(value, list):
-                out.append(Outcome(row, [], str(value)))
-                continue
-            record: dict[str, Any] = {}
-            try:
-                for key, (ids, mask) in zip(
-                    ("chosen", "rejected"), (next(encoded), next(encoded)), strict=True
-                ):
-                    if plain:
-                        ids = np.append(ids, self.tokenizer.eos_id)
-                        mask = np.append(mask, 1).astype(np.uint8)
-                    if not mask.any():
-                        raise BadInputError(f"{row.where}: the {key} answer is empty")
-                    ids = self._truncated(self._ids(ids, row), row, key)
-                    record[key] = ids
-                    record[f"{key}_mask"] = mask[: len(ids)]
-            except BadInputError as error:
-                out.append(Outcome(row, [], str(error)))
-                continue
-            tokens = len(record["chosen"]) + len(record["rejected"])
-            loss = int(record["chosen_mask"].sum() + record["rejected_mask"].sum())
-            out.append(Outcome(row, [record], None, tokens, loss))
-        return out
+        record: dict[str, Any] = {}
+        for key, (ids, mask) in zip(("chosen", "rejected"), encoded, strict=True):
+            assert mask is not None
+            if plain:
+                ids = np.append(ids, self.tokenizer.eos_id)
+                mask = np.append(mask, 1).astype(np.uint8)
+            if not mask.any():
+                raise BadInputError(f"{row.where}: the {key} answer is empty")
+            ids = self._truncated(self._ids(ids, row), row, key)
+            record[key] = ids
+            record[f"{key}_mask"] = mask[: len(ids)]
+        tokens = len(record["chosen"]) + len(record["rejected"])
+        loss = int(record["chosen_mask"].sum() + record["rejected_mask"].sum())
+        return Outcome(row, [record], None, tokens, loss)
 
 
 class GrpoPreset(Preset):
@@ -305,7 +266,12 @@ class GrpoPreset(Preset):
             ]
         )
 
-    def _texts(self, row: Row) -> tuple[str, list[tuple[str, list[tuple[int, int]]]], np.ndarray]:
+    def check(self) -> None:
+        if self.tokenizer.chat_template is None:
+            self.tokenizer.require_eos("grpo without a chat template")
+
+    def prepare(self, row: Row) -> Texts:
+        """The prompt as rendered for generation, then each response as generated after it."""
         prompt = self._field(row, self.fields.prompt)
         responses = self._field(row, self.fields.responses)
         rewards = self._field(row, self.fields.rewards)
@@ -326,73 +292,56 @@ class GrpoPreset(Preset):
                 f"{row.where}: {self.fields.rewards!r} must be {len(responses)} numbers, "
                 "one per response"
             )
+        stored = self._rewards(rewards)
         template = self.tokenizer.chat_template
         if template is None:
             if not isinstance(prompt, str):
                 raise BadInputError(f"{row.where}: without a chat template the prompt must be text")
-            self.tokenizer.require_eos("grpo without a chat template")
-            pieces = [(r, [(0, len(r))]) for r in responses]
-            return prompt, pieces, np.asarray(rewards, dtype=np.float32)
+            spans = [[(0, len(r))] for r in responses]
+            return Texts([prompt, *responses], [[], *spans], stored)
         before, rendered = template.prompt_and_responses(self._messages(row, prompt), responses)
-        pieces = [(full[len(before) :], [(0, stop - len(before))]) for full, (_, stop) in rendered]
-        return before, pieces, np.asarray(rewards, dtype=np.float32)
+        texts = [before] + [full[len(before) :] for full, _ in rendered]
+        spans = [[]] + [[(0, stop - len(before))] for _, (_, stop) in rendered]
+        return Texts(texts, spans, stored)
 
-    def convert(self, rows: Sequence[Row]) -> list[Outcome]:
-        prepared = list(guarded(rows, self._texts))
-        good = [value for _, value in prepared if isinstance(value, tuple)]
-        texts: list[str] = []
-        spans: list[list[tuple[int, int]]] = []
-        for prompt, pieces, _ in good:
-            texts.append(prompt)
-            spans.append([])
-            texts.extend(t for t, _ in pieces)
-            spans.extend(s for _, s in pieces)
-        encoded = iter(self.tokenizer.encode_masked(texts, spans) if texts else ())
+    def _rewards(self, rewards: Sequence[float]) -> np.ndarray:
+        """The rewards as stored (float32): a reward float32 cannot hold (one that overflows
+        to infinity) or one that is not a finite number is refused, never stored as inf."""
+        values = np.asarray([float(r) for r in rewards], dtype=np.float64)  # OverflowError
+        if not np.isfinite(values).all():
+            raise BadInputError(f"{self.fields.rewards!r} must be finite numbers")
+        stored = fit_to_field(values, np.dtype("<f4"), self.fields.rewards)
+        return np.asarray(stored, dtype="<f4")
+
+    def build(self, row: Row, texts: Texts, encoded: list[Encoded]) -> Outcome:
         plain = self.tokenizer.chat_template is None
-        out = []
-        for row, value in prepared:
-            if not isinstance(value, tuple):
-                out.append(Outcome(row, [], str(value)))
-                continue
-            _, pieces, rewards = value
-            prompt_ids, _ = next(encoded)
-            answers = [next(encoded) for _ in pieces]
-            try:
-                if not len(prompt_ids):
-                    raise BadInputError(f"{row.where}: empty prompt")
-                prompt_ids = self._truncated(self._ids(prompt_ids, row), row, "the prompt")
-                room = (
-                    None if self.limits.max_len is None else self.limits.max_len - len(prompt_ids)
-                )
-                responses, masks = [], []
-                for number, (ids, mask) in enumerate(answers):
-                    if plain:
-                        ids = np.append(ids, self.tokenizer.eos_id)
-                        mask = np.append(mask, 1).astype(np.uint8)
-                    if not len(ids):
-                        raise BadInputError(f"{row.where}: response {number} is empty")
-                    if room is not None and len(ids) > room:
-                        if self.limits.too_long == "error" or room <= 0:
-                            raise BadInputError(
-                                f"{row.where}: the prompt and response {number} have "
-                                f"{len(prompt_ids) + len(ids)} tokens, more than "
-                                f"max_len={self.limits.max_len}"
-                            )
-                        ids, mask = ids[:room], mask[:room]
-                    responses.append(self._ids(ids, row))
-                    masks.append(mask)
-            except BadInputError as error:
-                out.append(Outcome(row, [], str(error)))
-                continue
-            record = {
-                "prompts": prompt_ids,
-                "responses": responses,
-                "masks": masks,
-                "rewards": rewards,
-            }
-            tokens = len(prompt_ids) + sum(len(r) for r in responses)
-            out.append(Outcome(row, [record], None, tokens, int(sum(m.sum() for m in masks))))
-        return out
+        (prompt_ids, _), answers = encoded[0], encoded[1:]
+        if not len(prompt_ids):
+            raise BadInputError(f"{row.where}: empty prompt")
+        prompt_ids = self._truncated(self._ids(prompt_ids, row), row, "the prompt")
+        room = None if self.limits.max_len is None else self.limits.max_len - len(prompt_ids)
+        responses, masks = [], []
+        for number, (ids, mask) in enumerate(answers):
+            assert mask is not None
+            if plain:
+                ids = np.append(ids, self.tokenizer.eos_id)
+                mask = np.append(mask, 1).astype(np.uint8)
+            if not len(ids):
+                raise BadInputError(f"{row.where}: response {number} is empty")
+            if room is not None and len(ids) > room:
+                if self.limits.too_long == "error" or room <= 0:
+                    raise BadInputError(
+                        f"{row.where}: the prompt and response {number} have "
+                        f"{len(prompt_ids) + len(ids)} tokens, more than "
+                        f"max_len={self.limits.max_len}"
+                    )
+                ids, mask = ids[:room], mask[:room]
+            responses.append(self._ids(ids, row))
+            masks.append(mask)
+        record = {"prompts": prompt_ids, "responses": responses, "masks": masks,
+                  "rewards": texts.extra}  # fmt: skip
+        tokens = len(prompt_ids) + sum(len(r) for r in responses)
+        return Outcome(row, [record], None, tokens, int(sum(m.sum() for m in masks)))
 
 
 PRESETS: dict[str, type[Preset]] = {
