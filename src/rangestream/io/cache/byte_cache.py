@@ -325,7 +325,6 @@ class ByteCache:
                 used = evict(self.directory, target, self._entries.verified)
             write_size(self.directory, used + nbytes)
             temp.touch()
-            self._flush_stats_locked()
 
     def _release(self, nbytes: int) -> None:
         with locked(self.directory):

@@ -1,0 +1,94 @@
+"""What the byte cache adds to a cold epoch's fetch calls, apart from the network.
+
+A cold epoch with the cache on makes the requests it makes without one (``cache_epochs``
+counts them at the proxy), so what it can add is local work per fetch call: the lookup
+(a miss), the claim (a lock file under ``flock`` and listings of the object's folder), the
+entry written and renamed, the claim released. Timing whole epochs over S3 on a shared
+machine leaves that work inside the noise of the network (repeats differ by 2x there);
+this measures it apart: the same fetch calls of a reader over an in-memory store, with a
+fresh cache and without one, interleaved, so the difference is the cache's own cost per
+call, which is then set against what a call costs over S3 (one request at the proxy's
+added latency or more).
+
+    PYTHONPATH=src:. python -m benchmarks.cache_overhead [--calls 2000] [--repeats 5] [--dir D]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import tempfile
+import time
+
+from rangestream.io.cache.byte_cache import ByteCache
+from rangestream.io.range_reader import RangeReader
+from rangestream.io.ranges import RangeRequest
+from rangestream.io.stores import open_store
+
+COMMIT = "0123456789abcdef0123456789abcdef"
+BLOCK_BYTES = 1 << 20
+RUN_BYTES = 64 << 10  # one run of a block shuffle: one coalesced range per fetch call
+
+
+async def _calls(reader: RangeReader, keys: list[str], calls: int) -> float:
+    """Seconds for ``calls`` fetch calls of one run-sized range each, every range new."""
+    per_block = BLOCK_BYTES // RUN_BYTES
+    started = time.perf_counter()
+    for i in range(calls):
+        key = keys[(i // per_block) % len(keys)]
+        start = (i % per_block) * RUN_BYTES
+        await reader.fetch([RangeRequest(key, start, start + RUN_BYTES)])
+    return time.perf_counter() - started
+
+
+def measure(calls: int, repeats: int, where: str | None) -> tuple[list[float], list[float]]:
+    """Seconds per call without and with a (cold) cache, one pair per repeat."""
+    per_block = BLOCK_BYTES // RUN_BYTES
+    blocks = -(-calls // per_block)
+    plain, cached = [], []
+    for repeat in range(repeats):
+        store = open_store(f"memory://cache-overhead-{os.getpid()}-{repeat}")
+        keys = [f"data/{COMMIT}/shards/0/stream/c/{b}/0" for b in range(blocks)]
+
+        async def fill(keys: list[str] = keys, store: object = store) -> None:
+            for key in keys:
+                await store.put(key, os.urandom(BLOCK_BYTES))  # type: ignore[attr-defined]
+
+        asyncio.run(fill())
+        with tempfile.TemporaryDirectory(dir=where) as directory:
+            cache = ByteCache(directory, budget=4 * blocks * BLOCK_BYTES)
+            order = [False, True] if repeat % 2 == 0 else [True, False]
+            for with_cache in order:
+                reader = RangeReader(store, cache=cache if with_cache else None)
+                took = asyncio.run(_calls(reader, keys, calls)) / calls
+                (cached if with_cache else plain).append(took)
+    return plain, cached
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--latency-ms", type=float, default=20.0)
+    parser.add_argument("--dir", default=None, help="where the cache lives (the node's disk)")
+    args = parser.parse_args()
+    plain, cached = measure(args.calls, args.repeats, args.dir)
+    added = [c - p for p, c in zip(plain, cached, strict=True)]
+    median = statistics.median(added)
+    where = args.dir or tempfile.gettempdir()
+    print(f"fetch call of one {RUN_BYTES >> 10} KiB range, in-memory store, {args.repeats} "
+          f"interleaved repeats of {args.calls} calls, cache in {where}; "
+          f"load average {os.getloadavg()[0]:.1f}")  # fmt: skip
+    print(f"  without cache: {statistics.median(plain) * 1e6:,.0f} us per call")
+    print(f"  cold cache:    {statistics.median(cached) * 1e6:,.0f} us per call")
+    print(f"  added by the cache: {median * 1e6:,.0f} us per call "
+          f"(repeats {min(added) * 1e6:,.0f}-{max(added) * 1e6:,.0f})")  # fmt: skip
+    one_request = args.latency_ms / 1e3
+    print(f"  against one S3 request at +{args.latency_ms:g} ms: "
+          f"{median / one_request:.1%} of the call's time, at most")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
