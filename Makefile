@@ -16,6 +16,9 @@ URL ?=
 ENDPOINT ?=
 DEMO_ARGS ?=
 PYTEST_ARGS ?=
+# test processes: the suite mostly waits (servers, proxies with added latency, worker
+# start-up), so three processes keep two cores busy; TEST_WORKERS=0 runs it in one process
+TEST_WORKERS ?= 3
 NPM ?= npm
 AZURITE := .ci/node/node_modules/.bin/azurite-blob
 
@@ -38,7 +41,7 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/rangestream demo $(URL) $(if $(ENDPOINT),--endpoint-url $(ENDPOINT)) $(DEMO_ARGS)
 
 test: $(VENV)/.installed $(AZURITE)
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check src tests benchmarks testkit
