@@ -884,6 +884,38 @@ def test_without_head_start_every_batch_comes_from_a_worker(tmp_path: Path) -> N
     assert [s for batch in batches for s in batch_starts(batch)] == list(range(160))
 
 
+_WORKER_INIT_RAN: list[int] = []
+
+
+def note_worker_init(worker_id: int) -> None:
+    _WORKER_INIT_RAN.append(worker_id)
+
+
+def init_checked_collate(samples: list[Any]) -> dict[str, Any]:
+    """Batch plus the process that collated it and whether ``worker_init_fn`` ran there."""
+    return {**pid_collate(samples), "init_ran": bool(_WORKER_INIT_RAN)}
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_with_a_worker_init_fn_no_batch_is_read_before_it_ran(tmp_path: Path, method: str) -> None:
+    """torchdata's contract: ``worker_init_fn`` runs in a worker before it loads anything.
+    On local disk the head start would read the first run in the main process, where the
+    function never runs; with one given, every batch comes from a worker that ran it."""
+    url = str(tmp_path / "tokens")
+    write_token_stream(url, {}, [8 * 40])
+    storage = StreamStorage(url, StreamNumpyFormat(TOKENS))
+    loader = StatefulDataLoader.from_storage(
+        storage, init_checked_collate, sequence_length=8, batch_size=4, num_workers=2,
+        shuffle=False, worker_init_fn=note_worker_init, multiprocessing_context=method,
+    )  # fmt: skip
+    batches = list(loader)
+    assert [b["init_ran"] for b in batches] == [True] * 10
+    assert os.getpid() not in {b["pid"] for b in batches}
+    assert _WORKER_INIT_RAN == []  # never in this process
+    starts = [s // 8 for b in batches for s in b["tokens"][:, 0].tolist()]
+    assert starts == list(range(40))
+
+
 @pytest.mark.parametrize("stop_after", [1, 3, 4, 6])
 def test_a_resume_inside_or_after_the_head_run_continues_exactly(
     tmp_path: Path, stop_after: int
