@@ -175,7 +175,8 @@ def main() -> None:
         print("|---|---|---|---|---|")
         for name in options.frameworks:
             fit = FRAMEWORKS[name]
-            fit(in_memory, 2)  # warm: imports, first allocations
+            with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):
+                fit(in_memory, 2)  # warm: imports, first allocations (quiet: the table only)
             memory: list[float] = []
             ours: list[float] = []
             for _ in range(options.repeats):
