@@ -25,6 +25,7 @@ tokens), the plain layout such a loader reads; no index object is needed.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -118,6 +119,20 @@ class _S3Torch(System):
     def check_available(self) -> None:
         _s3t()
 
+    def _row_from(self, make_loader: Callable[[], DataLoader]) -> np.ndarray:
+        """The next row out of the loader's epochs (a new one made when an epoch ends): a
+        repeat may outlast an epoch, as a training loop's steps do."""
+        while not self._rows:
+            if self._iter is None:
+                self._iter = iter(make_loader())
+            try:
+                batch = next(self._iter)
+            except StopIteration:
+                self._iter = None
+                continue
+            self._rows.extend(batch.numpy())
+        return self._rows.popleft()
+
     def prepare(self, data: DatasetData, out_dir: Path, config: RunConfig) -> None:
         if not isinstance(data, TokensData):
             return
@@ -193,22 +208,14 @@ class S3TorchMap(_S3Torch):
         )
 
     def _next_row(self, windows: WindowSet) -> np.ndarray:
-        while not self._rows:
-            if self._iter is None:
-                loader = DataLoader(
-                    self._windows_map(windows),
-                    batch_size=LOADER_BATCH,
-                    num_workers=LOADER_WORKERS,
-                    shuffle=True,
-                )
-                self._iter = iter(loader)
-            try:
-                batch = next(self._iter)
-            except StopIteration:
-                self._iter = None
-                continue
-            self._rows.extend(batch.numpy())
-        return self._rows.popleft()
+        return self._row_from(
+            lambda: DataLoader(
+                self._windows_map(windows),
+                batch_size=LOADER_BATCH,
+                num_workers=LOADER_WORKERS,
+                shuffle=True,
+            )
+        )
 
     def fetch(self, windows: WindowSet, i: int) -> Payload:
         if self.workload in LOADER_WORKLOADS:
@@ -247,27 +254,19 @@ class S3TorchIterable(_S3Torch):
         )
 
     def _next_row(self, windows: WindowSet) -> np.ndarray:
-        s3t = _s3t()
-        while not self._rows:
-            if self._iter is None:
-                assert self._location is not None and windows.starts is not None
-                objects = s3t.S3IterableDataset.from_prefix(
-                    self._prefix(self._location),
-                    transform=_windows_of_object,
-                    enable_sharding=True,
-                    **self._client_kwargs(self._location),
-                )
-                stride = int(windows.starts[1] - windows.starts[0])
-                rows = _Rows(objects, stride, windows.length)
-                loader = DataLoader(rows, batch_size=LOADER_BATCH, num_workers=LOADER_WORKERS)
-                self._iter = iter(loader)
-            try:
-                batch = next(self._iter)
-            except StopIteration:
-                self._iter = None
-                continue
-            self._rows.extend(batch.numpy())
-        return self._rows.popleft()
+        def make_loader() -> DataLoader:
+            assert self._location is not None and windows.starts is not None
+            objects = _s3t().S3IterableDataset.from_prefix(
+                self._prefix(self._location),
+                transform=_windows_of_object,
+                enable_sharding=True,
+                **self._client_kwargs(self._location),
+            )
+            stride = int(windows.starts[1] - windows.starts[0])
+            rows = _Rows(objects, stride, windows.length)
+            return DataLoader(rows, batch_size=LOADER_BATCH, num_workers=LOADER_WORKERS)
+
+        return self._row_from(make_loader)
 
     def read(self, windows: WindowSet, ids: np.ndarray, concurrency: int) -> int:
         return sum(int(self._next_row(windows).nbytes) for _ in range(len(ids)))
