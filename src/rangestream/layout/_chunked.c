@@ -231,6 +231,62 @@ still_there(PyObject *size_now, Py_ssize_t needed)
     return size >= needed;
 }
 
+/*
+ * Copies rows [start, start + rows) of `source` into each of `count` targets (field
+ * `offsets[i]`, `nbytes[i]` of each row), every geometry already checked (`fits`), and
+ * `end` the chunk after the last one touched. With `size_now` (a callable giving the file's
+ * size now) the copy runs under the fault guard, asking `size_now()` only where the guard
+ * cannot tell (or before copying, where there is no guard). Returns 0 when copied, 3 when
+ * the source's file is shorter now than the rows (truncated since mapped: targets hold
+ * garbage), -1 with an exception set when `size_now()` failed.
+ */
+static int
+guarded_copy(const Py_buffer *source, char *const *targets, const Py_ssize_t *offsets,
+             const Py_ssize_t *nbytes, Py_ssize_t count, Py_ssize_t start, Py_ssize_t rows,
+             Py_ssize_t chunk_rows, Py_ssize_t stored, Py_ssize_t row_nbytes, Py_ssize_t end,
+             PyObject *size_now)
+{
+    /* 1: ask size_now() before copying (no guard), 2: after (the guard could not tell) */
+    volatile int check_size = size_now != Py_None; /* changed after sigsetjmp */
+#ifdef GUARDED
+    sigjmp_buf jump;
+    if (size_now != Py_None && guarding < 0)
+        install_guard();
+    if (size_now != Py_None && guarding > 0) {
+        if (sigsetjmp(jump, 0) != 0) /* the source faulted: truncated since mapped */
+            return 3;
+        guard = &jump;
+        check_size = 0;
+    }
+#endif
+    if (check_size) { /* unguarded: a copy past the file's end would fault */
+        int there = still_there(size_now, end * stored);
+        if (there <= 0)
+            return there < 0 ? -1 : 3;
+    }
+    for (Py_ssize_t i = 0; i < count; i++)
+        copy(source->buf, targets[i], start, rows, chunk_rows, stored, row_nbytes, offsets[i],
+             nbytes[i]);
+#ifdef GUARDED
+    if (guard != NULL) {
+        /* the page after the piece: wholly past the end of a file cut before the piece's
+           end, so it faults; past the source, the file's size is asked instead */
+        Py_ssize_t probe = ((end * stored - 1) / page_nbytes + 1) * page_nbytes;
+        if (probe < source->len)
+            (void)*(volatile const char *)((const char *)source->buf + probe);
+        else
+            check_size = 2;
+        guard = NULL;
+    }
+#endif
+    if (check_size == 2) {
+        int there = still_there(size_now, end * stored);
+        if (there <= 0)
+            return there < 0 ? -1 : 3;
+    }
+    return 0;
+}
+
 static PyObject *
 copy_piece(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -315,54 +371,15 @@ copy_piece(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         }
     }
     {
-        /* 1: ask size_now() before copying (no guard), 2: after (the guard could not tell) */
-        volatile int check_size = size_now != Py_None; /* changed after sigsetjmp */
-#ifdef GUARDED
-        sigjmp_buf jump;
-        if (size_now != Py_None && guarding < 0)
-            install_guard();
-        if (size_now != Py_None && guarding > 0) {
-            if (sigsetjmp(jump, 0) != 0) { /* the source faulted: truncated since mapped */
-                status = 3;
-                goto done;
-            }
-            guard = &jump;
-            check_size = 0;
-        }
-#endif
-        if (check_size) { /* unguarded: a copy past the file's end would fault */
-            int there = still_there(size_now, end * stored);
-            if (there < 0)
-                goto failed;
-            if (!there) {
-                status = 3;
-                goto done;
-            }
-        }
+        char *buffers[8];
         for (Py_ssize_t i = 0; i < count; i++)
-            copy(source.buf, targets[i].buf, start, rows, chunk_rows, stored, row_nbytes,
-                 offsets[i], nbytes[i]);
-#ifdef GUARDED
-        if (guard != NULL) {
-            /* the page after the piece: wholly past the end of a file cut before the piece's
-               end, so it faults; past the source, the file's size is asked instead */
-            Py_ssize_t probe = ((end * stored - 1) / page_nbytes + 1) * page_nbytes;
-            if (probe < source.len)
-                (void)*(volatile const char *)((const char *)source.buf + probe);
-            else
-                check_size = 2;
-            guard = NULL;
-        }
-#endif
-        if (check_size == 2) {
-            int there = still_there(size_now, end * stored);
-            if (there < 0)
-                goto failed;
-            if (!there) {
-                status = 3;
-                goto done;
-            }
-        }
+            buffers[i] = targets[i].buf;
+        status = guarded_copy(&source, buffers, offsets, nbytes, count, start, rows, chunk_rows,
+                              stored, row_nbytes, end, size_now);
+        if (status < 0)
+            goto failed;
+        if (status != 0)
+            goto done;
     }
     if (add_to_item(counter, 0, 1) == NULL || add_to_item(counter, 1, (end - first) * stored) == NULL)
         goto failed;
@@ -378,7 +395,103 @@ failed:
     return NULL;
 }
 
+/*
+ * copy_bytes: rows of a mapped block as a new bytes object (a document's bytes).
+ *
+ * copy_piece for one whole-row output that is made here: the rows' bytes, contiguous, in
+ * a bytes object of rows * row_nbytes bytes, copied once from the block under the same
+ * fault guard. Returns that bytes object, or 1 when a chunk is not verified yet, 2 when the
+ * rows lie outside the source, 3 when the source's bytes are gone; b"" for no rows. Counts
+ * nothing: its caller counts the coalesced requests of a batch of documents. One call
+ * instead of an empty array, a slice of it, an output tuple and tobytes per document.
+ */
+#define BYTES_ARGUMENTS 7
+
+static PyObject *
+copy_bytes(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != BYTES_ARGUMENTS && nargs != BYTES_ARGUMENTS + 1) {
+        PyErr_Format(PyExc_TypeError, "copy_bytes takes %d or %d arguments, %zd given",
+                     BYTES_ARGUMENTS, BYTES_ARGUMENTS + 1, nargs);
+        return NULL;
+    }
+    PyObject *verified = args[6];
+    PyObject *size_now = nargs > BYTES_ARGUMENTS ? args[7] : Py_None;
+    if (size_now != Py_None && !PyCallable_Check(size_now)) {
+        PyErr_SetString(PyExc_TypeError, "copy_bytes: size_now must be callable or None");
+        return NULL;
+    }
+    if (verified != Py_None && !PyByteArray_Check(verified)) {
+        PyErr_SetString(PyExc_TypeError, "copy_bytes: verified must be a bytearray or None");
+        return NULL;
+    }
+    Py_ssize_t value[5];
+    for (int i = 0; i < 5; i++) {
+        value[i] = PyLong_AsSsize_t(args[1 + i]);
+        if (value[i] == -1 && PyErr_Occurred())
+            return NULL;
+    }
+    Py_ssize_t start = value[0], rows = value[1], chunk_rows = value[2], stored = value[3];
+    Py_ssize_t row_nbytes = value[4];
+    if (start < 0 || rows < 0 || chunk_rows <= 0 || stored <= 0 || row_nbytes <= 0)
+        return PyLong_FromLong(2);
+    if (rows == 0)
+        return PyBytes_FromStringAndSize(NULL, 0);
+    if (rows > PY_SSIZE_T_MAX / row_nbytes)
+        return PyLong_FromLong(2);
+    Py_ssize_t first = start / chunk_rows, end = (start + rows - 1) / chunk_rows + 1;
+    Py_buffer source;
+    if (PyObject_GetBuffer(args[0], &source, PyBUF_SIMPLE) < 0)
+        return NULL;
+    PyObject *result = NULL;
+    int status = 0;
+    /* whole stored chunks must lie in the source before a flag is trusted */
+    if (end > source.len / stored ||
+        !fits(start, rows, chunk_rows, stored, row_nbytes, 0, row_nbytes, source.len,
+              rows * row_nbytes)) {
+        status = 2;
+        goto done;
+    }
+    if (verified != Py_None) {
+        if (end > PyByteArray_GET_SIZE(verified)) {
+            status = 2;
+            goto done;
+        }
+        if (memchr(PyByteArray_AS_STRING(verified) + first, 0, (size_t)(end - first)) != NULL) {
+            status = 1;
+            goto done;
+        }
+    }
+    result = PyBytes_FromStringAndSize(NULL, rows * row_nbytes);
+    if (result == NULL)
+        goto done;
+    {
+        char *buffers[1] = {PyBytes_AS_STRING(result)};
+        Py_ssize_t offsets[1] = {0}, nbytes[1] = {row_nbytes};
+        status = guarded_copy(&source, buffers, offsets, nbytes, 1, start, rows, chunk_rows,
+                              stored, row_nbytes, end, size_now);
+    }
+    if (status != 0)
+        Py_CLEAR(result);
+done:
+    PyBuffer_Release(&source);
+    if (result != NULL || status < 0)
+        return result;
+    if (PyErr_Occurred())
+        return NULL;
+    return PyLong_FromLong(status);
+}
+
 static PyMethodDef methods[] = {
+    {"copy_bytes", (PyCFunction)(void (*)(void))copy_bytes, METH_FASTCALL,
+     "copy_bytes(source, start, rows, chunk_rows, stored, row_nbytes, verified, "
+     "size_now=None)\n--\n\n"
+     "Rows [start, start + rows) of a mapped block as a new bytes object, if every inner\n"
+     "chunk they touch is flagged in verified (None: checksums off); else 1 when a chunk is\n"
+     "not verified yet, 2 when the rows lie outside the source, 3 when the source's bytes\n"
+     "are gone (its file was truncated since it was mapped). b'' for no rows. Counts\n"
+     "nothing. With size_now, the copy is guarded as copy_piece's is."},
     {"copy_piece", (PyCFunction)(void (*)(void))copy_piece, METH_FASTCALL,
      "copy_piece(source, outputs, start, rows, chunk_rows, stored, row_nbytes, verified, "
      "counter, size_now=None)\n--\n\n"

@@ -27,3 +27,14 @@ def copy_piece(
 ) -> int: ...
 
 GUARDS_FAULTS: int
+def copy_bytes(
+    source: Any,
+    start: int,
+    rows: int,
+    chunk_rows: int,
+    stored: int,
+    row_nbytes: int,
+    verified: bytearray | None,
+    size_now: Any = None,
+    /,
+) -> bytes | int: ...

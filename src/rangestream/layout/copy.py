@@ -28,23 +28,28 @@ from typing import Any
 import numpy as np
 
 try:
+    from rangestream.layout._chunked import copy_bytes as _compiled_copy_bytes
     from rangestream.layout._chunked import copy_piece as _compiled_copy_piece
     from rangestream.layout._chunked import copy_rows as _compiled_copy_rows
 except ImportError:  # built without a C compiler
-    _compiled_copy_rows = _compiled_copy_piece = None
+    _compiled_copy_rows = _compiled_copy_piece = _compiled_copy_bytes = None
 
 __all__ = [
+    "CopyBytes",
     "CopyPiece",
     "CopyRows",
     "compiled",
+    "copy_bytes",
     "copy_piece",
     "copy_rows",
+    "numpy_copy_bytes",
     "numpy_copy_piece",
     "numpy_copy_rows",
 ]
 
 CopyRows = Callable[[Any, Any, int, int, int, int, int, int, int], None]
 CopyPiece = Callable[..., int]
+CopyBytes = Callable[..., "bytes | int"]
 
 
 def numpy_copy_rows(
@@ -157,10 +162,36 @@ def numpy_copy_piece(
     return 0
 
 
+def numpy_copy_bytes(
+    source: Any,
+    start: int,
+    rows: int,
+    chunk_rows: int,
+    stored: int,
+    row_nbytes: int,
+    verified: bytearray | None,
+    size_now: Callable[[], int] | None = None,
+) -> bytes | int:
+    """``copy_bytes`` with ``numpy_copy_piece``: the rows as a new ``bytes``, or the status
+    (1 a chunk not verified yet, 2 outside the source, 3 the file is shorter now) that
+    ``numpy_copy_piece`` gives; ``b""`` for no rows; counts nothing."""
+    if start < 0 or rows < 0 or chunk_rows <= 0 or stored <= 0 or row_nbytes <= 0:
+        return 2
+    if rows == 0:
+        return b""
+    target = np.empty(rows * row_nbytes, dtype=np.uint8)
+    outputs = ((target, 0, row_nbytes),)
+    status = numpy_copy_piece(source, outputs, start, rows, chunk_rows, stored, row_nbytes,
+                              verified, [0, 0], size_now)  # fmt: skip
+    return target.tobytes() if status == 0 else status
+
+
 #: The copier readers use: compiled when built, else numpy (tests switch between them).
 copy_rows: CopyRows = _compiled_copy_rows or numpy_copy_rows
 #: A piece of a mapped block checked, counted and copied at once (``MappedExecutor``).
 copy_piece: CopyPiece = _compiled_copy_piece or numpy_copy_piece
+#: Rows of a mapped block as a new ``bytes`` (``OpenedDocuments.read_mapped``: documents).
+copy_bytes: CopyBytes = _compiled_copy_bytes or numpy_copy_bytes
 
 
 def compiled() -> bool:

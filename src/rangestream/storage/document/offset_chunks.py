@@ -18,6 +18,9 @@ _SLOTS_PER_PAGE = 1024
 #: Python bytes per cached chunk besides its values (its key, dict entry, list slot).
 _SLOT_BOOKKEEPING = 160
 _UINT32_SPAN = 1 << 32
+#: Cached chunks are keyed ``(shard position << PART_SHIFT) + chunk`` (an int hashes faster
+#: than a tuple): chunks of one shard number far fewer than 2**44.
+PART_SHIFT = 44
 
 
 class OffsetChunks:
