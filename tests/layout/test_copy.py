@@ -252,3 +252,86 @@ def test_the_compiled_copier_survives_a_mapping_truncated_under_it(tmp_path: Pat
     child.join(60)
     assert child.exitcode == 0, f"the copier died (exit code {child.exitcode}, -7 is SIGBUS)"
     assert queue.get(timeout=5) == [(3, False), (3, False), (0, True)]
+
+
+@pytest.fixture(params=["compiled", "numpy"])
+def copy_bytes(request: pytest.FixtureRequest) -> row_copy.CopyBytes:
+    if request.param == "numpy":
+        return row_copy.numpy_copy_bytes
+    assert row_copy.compiled(), NOT_BUILT
+    return row_copy.copy_bytes
+
+
+@pytest.mark.parametrize(("row_nbytes", "chunk_rows"), [(1, 1), (1, 512), (5, 3), (37, 32)])
+def test_rows_as_bytes_equal_numpy_for_every_run_once_verified(
+    copy_bytes: row_copy.CopyBytes, row_nbytes: int, chunk_rows: int
+) -> None:
+    rng = np.random.default_rng(row_nbytes * 1000 + chunk_rows)
+    count = 4 * chunk_rows + 3
+    rows = rng.integers(0, 256, (count, row_nbytes), dtype=np.uint8)
+    source, stored = block_of(rows, chunk_rows)
+    chunks = -(-count // chunk_rows)
+    verified = bytearray(b"\x01" * chunks)
+    runs = [(0, count), (count - 1, 1), (0, 0), (count, 0)]
+    starts, lengths = rng.integers(0, count, 40), rng.integers(1, 2 * chunk_rows + 2, 40)
+    runs += [(int(a), int(n)) for a, n in zip(starts, lengths, strict=True)]
+    for start, n in runs:
+        n = min(n, count - start)
+        want = rows[start : start + n].tobytes()
+        for flags in (verified, None):
+            got = copy_bytes(source, start, n, chunk_rows, stored, row_nbytes, flags)
+            assert type(got) is bytes and got == want
+            assert copy_bytes(source, start, n, chunk_rows, stored, row_nbytes, flags,
+                              lambda: source.size) == want  # fmt: skip
+
+
+def test_rows_as_bytes_wait_for_verification_and_stay_inside_the_source(
+    copy_bytes: row_copy.CopyBytes,
+) -> None:
+    rows = np.arange(64 * 16, dtype=np.uint8).reshape(64, 16)
+    source, stored = block_of(rows, 8)
+    verified = bytearray(8)
+    assert copy_bytes(source, 10, 20, 8, stored, 16, verified) == 1  # chunks 1..3 unchecked
+    verified[1:4] = b"\x01" * 3
+    assert copy_bytes(source, 10, 20, 8, stored, 16, verified) == rows[10:30].tobytes()
+    assert copy_bytes(source[: 3 * stored], 10, 20, 8, stored, 16, None) == 2  # chunk 3 cut
+    assert copy_bytes(source, 60, 5, 8, stored, 16, None) == 2  # rows past the block
+    assert copy_bytes(source, -1, 5, 8, stored, 16, None) == 2
+    assert copy_bytes(source, 0, -1, 8, stored, 16, None) == 2
+    assert copy_bytes(source, 0, 4, 8, stored, 16, bytearray(0)) == 2  # flags too few
+    assert copy_bytes(source, 0, 0, 8, stored, 16, bytearray(0)) == b""
+    assert copy_bytes(source, 10, 20, 8, stored, 16, None, lambda: 3 * stored) == 3  # cut now
+    assert copy_bytes(source, 10, 20, 8, stored, 16, None, lambda: 4 * stored) == (
+        rows[10:30].tobytes()
+    )
+
+
+def _bytes_out_of_a_truncated_mapping(path: str, queue: Any) -> None:
+    page = mmap.PAGESIZE
+    with open(path, "rb") as handle:
+        mapping = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+    data = np.frombuffer(mapping, dtype=np.uint8)
+    with open(path, "r+b") as handle:
+        handle.truncate(page + 100)  # page 0 whole, page 1 cut, pages 2.. gone
+    results = []
+    for chunk in (3, 1, 0):  # wholly past the end; in the cut page; before the cut
+        got = row_copy.copy_bytes(data, chunk, 1, 1, page, page - 4, None, mapping.size)
+        results.append(got if isinstance(got, int) else got == bytes([chunk % 251]) * (page - 4))
+    queue.put(results)
+
+
+def test_compiled_rows_as_bytes_survive_a_mapping_truncated_under_them(tmp_path: Path) -> None:
+    """As ``copy_piece``: a fault past the new end, or the zeros of the cut page, is status 3."""
+    import multiprocessing
+
+    assert row_copy.compiled(), NOT_BUILT
+    page = mmap.PAGESIZE
+    path = tmp_path / "block"
+    path.write_bytes(b"".join(bytes([k % 251]) * page for k in range(6)))
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_bytes_out_of_a_truncated_mapping, args=(str(path), queue))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0, f"the copier died (exit code {child.exitcode}, -7 is SIGBUS)"
+    assert queue.get(timeout=5) == [3, 3, True]

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from support.copies import Copies
 
 from rangestream import DocumentStorage, RecordField, RecordFormat
 from rangestream.errors import ChecksumError, OutOfRangeError
@@ -58,7 +59,7 @@ def spent(reader: Any, call: Any) -> tuple[Any, IOStats]:
 
 
 def test_batches_match_the_program_in_documents_and_exact_request_counts(
-    tmp_path: Path,
+    tmp_path: Path, copies: Copies
 ) -> None:
     docs = documents(600, seed=1)
     write(tmp_path / "ds", docs)
@@ -90,6 +91,10 @@ def test_batches_match_the_program_in_documents_and_exact_request_counts(
     assert array_spent == spent(program, lambda: program.read_many(crossing[:5]))[1]
     got, one = spent(mapped, lambda: mapped.read(-1))
     assert got == expected[-1] and one == spent(program, lambda: program.read(-1))[1]
+    if copies.kind == "compiled":  # one compiled copy per piece of a non-empty document
+        calls = copies.calls
+        mapped.read_many([*crossing[:3], 0, 17])  # documents 0 and 17 are empty
+        assert copies.calls - calls == 6
 
 
 def test_a_batch_whose_offsets_are_not_kept_goes_to_the_program(tmp_path: Path) -> None:
@@ -194,3 +199,85 @@ def test_the_async_reader_takes_the_mapped_path_too(tmp_path: Path) -> None:
     )
     assert served and got == want == [expected[i] for i in (5, 250, -1, 101, 7)]
     assert async_spent == program_spent
+
+
+class SeenTypes(RawBytes):
+    """Raw bytes that note the type each ``unpack`` was handed."""
+
+    def __init__(self) -> None:
+        self.seen: list[type] = []
+
+    def unpack(self, encoded_data: Any, shard: int) -> tuple[int, bytes]:
+        self.seen.append(type(encoded_data))
+        return super().unpack(encoded_data, shard)
+
+
+def test_unpack_gets_bytes_on_both_paths_and_unverified_chunks_are_checked_once(
+    tmp_path: Path, copies: Copies
+) -> None:
+    """Offsets kept, heap chunks never read: the mapped path checks each chunk it touches
+    (crc32c, once per process) and hands ``unpack`` a ``bytes``, as the program does."""
+    docs = documents(300, seed=6)
+    write(tmp_path / "ds", docs, shards=1)
+    seen = {}
+    got = {}
+    for name, mapped in (("mapped", True), ("program", False)):
+        storage_format = SeenTypes()
+        reader = DocumentStorage(tmp_path / "ds", storage_format, mapped=mapped).sync_reader()
+        reader.read(0)  # offsets chunk 0 (documents 0..127) kept; heap block 0 chunk 0 read
+        if mapped:
+            heap_block = reader.opened.mapped.maps.entries()
+            flags = [m.verified for m in heap_block.values() if len(m.verified) > 1]
+            assert flags and sum(flags[0]) == 1  # only the chunk of document 0 checked yet
+            assert reader.opened.read_mapped([1]) is not None
+        batch = [120, 3, 3, 64, 17, 1]  # unsorted, repeated, empty (17)
+        got[name] = spent(reader, lambda r=reader, b=batch: r.read_many(b))
+        seen[name] = storage_format.seen
+    assert got["mapped"] == got["program"]
+    assert got["mapped"][0] == [(0, docs[i]) for i in [120, 3, 3, 64, 17, 1]]
+    # read(0), read_mapped([1]) on the mapped reader only, then the batch
+    assert seen["mapped"] == [bytes] * 8 and seen["program"] == [bytes] * 7
+
+
+def _read_after_truncating(path: str, block: str, cut: int, queue: Any) -> None:
+    """In a child (a SIGBUS kills it, not the test): map and verify a heap block, cut it,
+    then read a batch lying past the cut, and one before it."""
+    reader = DocumentStorage(path, RawBytes()).sync_reader()
+    reader.read_many(list(range(40)))  # offsets kept, block 0 mapped and verified
+    outcomes: list[Any] = [reader.opened.read_mapped([18, 19]) is not None]  # the mapped path
+    with open(block, "r+b") as handle:
+        handle.truncate(cut)
+    for batch in ([18, 19], [0, 1]):
+        try:
+            got = reader.read_many(batch)
+        except Exception as error:  # the test compares what it was
+            outcomes.append((type(error).__name__, str(error)))
+        else:
+            outcomes.append(("read", got))
+    queue.put(outcomes)
+
+
+def test_a_heap_block_truncated_while_mapped_fails_as_the_program_names_it(
+    tmp_path: Path, copies: Copies
+) -> None:
+    import multiprocessing
+
+    docs = [bytes([i]) * 700 for i in range(40)]  # 28,000 bytes: heap blocks 0 and 1
+    write(tmp_path / "ds", docs, shards=1)
+    root = json.loads((tmp_path / "ds" / "zarr.json").read_bytes())["attributes"]["rangestream"]
+    block = next((tmp_path / "ds" / root["data_prefix"]).glob("shards/0/payload_heap/c/0"))
+    # block 0 holds heap bytes [0, 15,872): documents 18 and 19 at [12,600, 14,000) lie in
+    # its stored chunks 24..27, past the cut in pages wholly gone
+    cut = 3 * 4096
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(
+        target=_read_after_truncating, args=(str(tmp_path / "ds"), str(block), cut, queue)
+    )
+    child.start()
+    child.join(120)
+    assert child.exitcode == 0, f"the reader died (exit code {child.exitcode}, -7 is SIGBUS)"
+    served, past, before = queue.get(timeout=5)
+    assert served
+    assert past[0] == "TruncatedObjectError" and str(block) in past[1]
+    assert before == ("read", [(0, docs[0]), (0, docs[1])])

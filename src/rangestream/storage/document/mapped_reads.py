@@ -127,35 +127,9 @@ class MappedReads:
         values = opened.offsets.gather(chunk_keys, chunk_rows)
         if values is None:
             return None  # offsets to read first: the program's round
-        heap_lengths, block_rows = self.heap_lengths, self.block_rows
-        chunk, stored = self.chunk_rows, self.stored
-        # (block key, first byte, end byte) of each piece's whole inner chunks: counted
-        spans: list[tuple[int, int, int]] = []
-        total = 0
-        for number, part in enumerate(parts):
-            start, end = values[2 * number], values[2 * number + 1]
-            if not 0 <= start <= end <= heap_lengths[part]:
-                return None  # damaged offsets: the program names the document
-            if start == end:
-                continue
-            if largest is not None and end - start > largest:
-                return None  # header and fields of a large record: the program's two rounds
-            block, last = start // block_rows, (end - 1) // block_rows
-            at = block * block_rows
-            if block == last:
-                spans.append(((part << _BLOCK_SHIFT) + block, (start - at) // chunk * stored,
-                              ((end - 1 - at) // chunk + 1) * stored))  # fmt: skip
-            elif block + 1 == last:
-                spans.append(((part << _BLOCK_SHIFT) + block, (start - at) // chunk * stored,
-                              ((block_rows - 1) // chunk + 1) * stored))  # fmt: skip
-                spans.append(((part << _BLOCK_SHIFT) + last, 0,
-                              ((end - 1 - at - block_rows) // chunk + 1) * stored))  # fmt: skip
-            else:
-                return None  # over more than two blocks: the program probes such reads
-            total += end - start
-        if inline_bytes is not None and total > inline_bytes:
+        if inline_bytes is not None and sum(values[1::2]) - sum(values[::2]) > inline_bytes:
             return None  # an async caller's large batch: the program copies it on a thread
-        encoded = self._copies(parts, values, spans)
+        encoded = self._copies(parts, values, largest)
         if encoded is None:
             return None
         shards = self.shards
@@ -168,46 +142,81 @@ class MappedReads:
         ]
 
     def _copies(
-        self, parts: list[int], values: list[int], spans: list[tuple[int, int, int]]
+        self, parts: list[int], values: list[int], largest: int | None
     ) -> list[bytes] | None:
-        """Each document's bytes (``values`` holds its start and end), or ``None`` with
-        nothing counted when a block is not mapped, short, or cut since it was mapped."""
+        """Each document's bytes (``values`` holds its start and end), counted as the
+        program's coalesced heap requests; or ``None`` with nothing counted when offsets are
+        damaged, a record needs the program's header round (larger than ``largest``), a
+        document spans more than two blocks, or a block is not mapped, short, or cut since
+        it was mapped. One loop: locating, the spans to count and the copy of each."""
         entries = self.holder.value
         files = None if entries is None else entries.files
-        block_rows, chunk, stored = self.block_rows, self.chunk_rows, self.stored
+        heap_lengths, block_rows = self.heap_lengths, self.block_rows
+        chunk, stored = self.chunk_rows, self.stored
         base, copy_bytes, verify = self.base, self.copy_bytes, self.verify
         out: list[bytes] = []
+        # (block key, first byte, end byte) of each piece's whole inner chunks: counted
+        spans: list[tuple[int, int, int]] = []
+        append, span = out.append, spans.append
+        pairs = iter(values)
         try:
-            for number, part in enumerate(parts):
-                start, end = values[2 * number], values[2 * number + 1]
-                if start == end:
-                    out.append(b"")
+            for part, start, end in zip(parts, pairs, pairs, strict=True):
+                if not 0 <= start <= end <= heap_lengths[part]:
+                    return None  # damaged offsets: the program names the document
+                rows = end - start
+                if not rows:
+                    append(b"")
                     continue
+                if largest is not None and rows > largest:
+                    return None  # header and fields of a large record: the program's rounds
                 block, row = divmod(start, block_rows)
-                if row + end - start <= block_rows:
-                    key = base + (part << _BLOCK_SHIFT) + block
-                    mapped = None if files is None else files.get(key)
+                key = (part << _BLOCK_SHIFT) + block
+                if row + rows <= block_rows:
+                    span((key, row // chunk * stored, ((row + rows - 1) // chunk + 1) * stored))
+                    mapped = None if files is None else files.get(base + key)
                     if mapped is not None:
-                        got = copy_bytes(mapped.data, row, end - start, chunk, stored, 1,
+                        got = copy_bytes(mapped.data, row, rows, chunk, stored, 1,
                                          mapped.verified if verify else None,
                                          mapped.live_size)  # fmt: skip
                         if type(got) is bytes:
-                            out.append(got)
+                            append(got)
                             continue
-                    got = self._piece(part, block, row, end - start)
-                else:  # over two blocks: their two pieces joined
-                    head = self._piece(part, block, row, block_rows - row)
-                    rest = end - start - (block_rows - row)
-                    tail = None if head is None else self._piece(part, block + 1, 0, rest)
+                    got = self._piece(part, block, row, rows)
+                elif row + rows <= 2 * block_rows:  # over two blocks: their pieces joined
+                    head_rows = block_rows - row
+                    span((key, row // chunk * stored, ((block_rows - 1) // chunk + 1) * stored))
+                    span((key + 1, 0, ((rows - head_rows - 1) // chunk + 1) * stored))
+                    head = self._piece(part, block, row, head_rows)
+                    tail = None if head is None else self._piece(part, block + 1, 0,
+                                                                 rows - head_rows)  # fmt: skip
                     got = None if head is None or tail is None else head + tail
+                else:
+                    return None  # over more than two blocks: the program probes such reads
                 if got is None:
                     return None
-                out.append(got)
+                append(got)
         except Exception:
-            self._count(spans)  # the read happened, then failed (a checksum): as the program
+            # the read happened, then failed (a checksum): counted as the program counts it
+            self._count(self._spans(parts, values))
             raise
         self._count(spans)
         return out
+
+    def _spans(self, parts: list[int], values: list[int]) -> list[tuple[int, int, int]]:
+        """The spans ``_copies`` counts, of every document (its offsets checked)."""
+        block_rows, chunk, stored = self.block_rows, self.chunk_rows, self.stored
+        spans = []
+        for number, part in enumerate(parts):
+            row = values[2 * number]
+            end = values[2 * number + 1]
+            while row < end:
+                block = row // block_rows
+                at = block * block_rows
+                stop = min(end, at + block_rows)
+                spans.append(((part << _BLOCK_SHIFT) + block, (row - at) // chunk * stored,
+                              ((stop - 1 - at) // chunk + 1) * stored))  # fmt: skip
+                row = stop
+        return spans
 
     def _piece(self, part: int, block: int, row: int, rows: int) -> bytes | None:
         """Rows ``[row, row + rows)`` of heap block ``block`` of shard position ``part``,

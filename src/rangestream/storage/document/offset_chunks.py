@@ -84,8 +84,9 @@ class OffsetChunks:
         referenced = self._referenced
         for slot in found:
             referenced[slot] = 1
-        if len(self._bases) == 1:
-            return (self._bases[0][found] + self._relative[0][found, rows]).tolist()
+        if len(self._bases) == 1:  # index arrays: numpy converts lists slower per index
+            at = np.array(found, dtype=np.intp)
+            return (self._bases[0][at] + self._relative[0][at, np.array(rows, np.intp)]).tolist()
         slots = np.asarray(found, dtype=np.int64)
         at_rows = np.asarray(rows, dtype=np.int64)
         pages, at = np.divmod(slots, _SLOTS_PER_PAGE)
