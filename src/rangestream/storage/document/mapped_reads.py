@@ -26,7 +26,6 @@ from rangestream.storage.document.offset_chunks import PART_SHIFT
 
 if TYPE_CHECKING:
     from rangestream.io.mapped import MappedFile
-    from rangestream.storage.document.reads import OpenedDocuments
 
 __all__ = ["MappedReads", "checked_keys", "select_keys"]
 
@@ -50,7 +49,8 @@ class MappedReads:
     what is wrong.
     """
 
-    def __init__(self, opened: OpenedDocuments) -> None:
+    def __init__(self, opened: Any) -> None:
+        # ``opened`` is a ``reads.OpenedDocuments`` (not imported: reads imports this module)
         mapped = opened.mapped
         assert mapped is not None
         self.opened = opened
@@ -72,7 +72,7 @@ class MappedReads:
         self.copy_bytes = row_copy.copy_bytes  # bound once: tests switch it before opening
 
     @classmethod
-    def make(cls, opened: OpenedDocuments) -> MappedReads | None:
+    def make(cls, opened: Any) -> MappedReads | None:
         """The mapped reads of ``opened``, or ``None`` when its heap blocks hold chunk
         indexes (not dense) or no offsets are kept (every batch reads offsets first)."""
         mapped = opened.mapped
@@ -261,7 +261,7 @@ class MappedReads:
         counter[1] += nbytes
 
 
-def _largest_whole(opened: OpenedDocuments, storage_format: Any, keys: list[str]) -> int | None:
+def _largest_whole(opened: Any, storage_format: Any, keys: list[str]) -> int | None:
     """Records larger than this need the program's header round for ``keys`` (a format
     that reads fields apart), else ``None`` (every record is read whole)."""
     header_nbytes = getattr(storage_format, "header_nbytes", None)
