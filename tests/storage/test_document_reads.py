@@ -281,3 +281,24 @@ def test_a_heap_block_truncated_while_mapped_fails_as_the_program_names_it(
     assert served
     assert past[0] == "TruncatedObjectError" and str(block) in past[1]
     assert before == ("read", [(0, docs[0]), (0, docs[1])])
+
+
+def test_kept_offsets_give_each_documents_pair_across_chunks_and_shards() -> None:
+    from rangestream.storage.document.offset_chunks import PART_SHIFT, OffsetChunks
+
+    rng = np.random.default_rng(7)
+    shards = [np.concatenate([[0], np.cumsum(rng.integers(0, 900, n))]) for n in (10, 7)]
+    kept = OffsetChunks(1 << 20, 4)  # chunks of 4 offsets: documents 3, 7 end in the next
+    for position, offsets in enumerate(shards):
+        for chunk in range(-(-len(offsets) // 4)):
+            kept.put((position << PART_SHIFT) + chunk, offsets[4 * chunk : 4 * chunk + 4])
+    located = [(0, 3), (1, 6), (0, 0), (1, 3), (0, 9), (0, 3), (1, 0)]
+    want = [int(v) for part, row in located for v in shards[part][row : row + 2]]
+    keys = [part << PART_SHIFT for part, _ in located]
+    assert kept.pairs(keys, [row for _, row in located]) == want
+    assert kept.value(1 << PART_SHIFT, 2) == int(shards[1][2])
+    partial = OffsetChunks(1 << 20, 4)
+    partial.put(0, shards[0][:4])  # chunk 0 only: document 3 ends in chunk 1, not kept
+    first = [int(v) for v in shards[0][:4]]
+    assert partial.pairs([0, 0], [1, 2]) == [first[1], first[2], first[2], first[3]]
+    assert partial.pairs([0], [3]) is None and partial.pairs([0], [4]) is None

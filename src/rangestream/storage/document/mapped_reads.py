@@ -107,8 +107,8 @@ class MappedReads:
             return None  # other sequences: the program checks them
         if not indexes:
             return None
-        count, bounds, offset_rows = opened.num_documents, self.bound_list, opened.offset_rows
-        parts, chunk_keys, chunk_rows = [], [], []
+        count, bounds = opened.num_documents, self.bound_list
+        parts, chunk_keys, rows = [], [], []
         for index in indexes:
             if type(index) is not int:
                 return None  # bools, numpy scalars, others: the program checks them
@@ -117,14 +117,10 @@ class MappedReads:
             if not 0 <= index < count:
                 return None  # the program names the index out of range
             part = bisect_right(bounds, index) - 1
-            row = index - bounds[part]
-            key = part << PART_SHIFT
             parts.append(part)
-            chunk_keys.append(key + row // offset_rows)
-            chunk_keys.append(key + (row + 1) // offset_rows)
-            chunk_rows.append(row % offset_rows)
-            chunk_rows.append((row + 1) % offset_rows)
-        values = opened.offsets.gather(chunk_keys, chunk_rows)
+            chunk_keys.append(part << PART_SHIFT)
+            rows.append(index - bounds[part])
+        values = opened.offsets.pairs(chunk_keys, rows)
         if values is None:
             return None  # offsets to read first: the program's round
         if inline_bytes is not None and sum(values[1::2]) - sum(values[::2]) > inline_bytes:

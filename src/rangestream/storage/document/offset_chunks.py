@@ -9,6 +9,7 @@ bookkeeping, so the default 64 MiB holds the offsets of about 12 million documen
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Hashable
 
 import numpy as np
@@ -32,6 +33,10 @@ class OffsetChunks:
     up since the last sweep. Chunks whose offsets span 4 GiB or more, or decrease (damage,
     reported by the read), are not kept.
 
+    The slots are flat ``array.array``s (slot ``s`` holds relative offsets
+    ``[s * chunk_rows, (s + 1) * chunk_rows)``): indexing one gives a Python int without a
+    numpy scalar, which is what a batch of documents needs (``pairs``: two offsets each).
+
     Parameters
     ----------
     max_bytes
@@ -46,8 +51,8 @@ class OffsetChunks:
         self.capacity = max(0, max_bytes) // self.slot_nbytes
         self._slots: dict[Hashable, int] = {}
         self._keys: list[Hashable] = []
-        self._bases: list[np.ndarray] = []
-        self._relative: list[np.ndarray] = []
+        self._bases = array("q")
+        self._relative = array("I")
         self._referenced = bytearray()
         self._hand = 0
 
@@ -58,9 +63,9 @@ class OffsetChunks:
     def nbytes(self) -> int:
         """Bytes of the slots allocated so far (values, reference bits)."""
         return (
-            sum(a.nbytes for a in self._bases)
-            + sum(a.nbytes for a in self._relative)
-            + (len(self._referenced))
+            len(self._bases) * self._bases.itemsize
+            + len(self._relative) * self._relative.itemsize
+            + len(self._referenced)
         )
 
     def value(self, key: Hashable, row: int) -> int | None:
@@ -69,32 +74,35 @@ class OffsetChunks:
         if slot is None:
             return None
         self._referenced[slot] = 1
-        page, at = divmod(slot, _SLOTS_PER_PAGE)
-        return int(self._bases[page][at]) + int(self._relative[page][at, row])
+        return self._bases[slot] + self._relative[slot * self.chunk_rows + row]
 
-    def gather(self, keys: list[int], rows: list[int]) -> list[int] | None:
-        """Offsets ``rows[i]`` of chunks ``keys[i]``, if every chunk is kept; else ``None``
-        and nothing is marked (the caller reads the missing chunks). One dictionary lookup
-        per key and one numpy gather per page of slots (a batch of documents:
-        ``OpenedDocuments.read_mapped``)."""
-        get = self._slots.get
-        found = [get(key) for key in keys]
-        if None in found:
-            return None
-        referenced = self._referenced
-        for slot in found:
+    def pairs(self, keys: list[int], rows: list[int]) -> list[int] | None:
+        """The offsets of documents ``rows[i]`` and ``rows[i] + 1`` of the shard whose chunks
+        are keyed ``keys[i] + chunk`` (``keys[i]`` is ``position << PART_SHIFT``), flat:
+        ``[start0, end0, start1, end1, ...]``; ``None`` as soon as a chunk is not kept (the
+        caller reads the missing chunks; chunks looked up before it are marked used, as the
+        read will use them). A batch of documents: ``MappedReads``."""
+        get, referenced = self._slots.get, self._referenced
+        bases, relative, per = self._bases, self._relative, self.chunk_rows
+        out: list[int] = []
+        append = out.append
+        for key, row in zip(keys, rows, strict=True):
+            chunk, at = divmod(row, per)
+            slot = get(key + chunk)
+            if slot is None:
+                return None
             referenced[slot] = 1
-        if len(self._bases) == 1:  # index arrays: numpy converts lists slower per index
-            at = np.array(found, dtype=np.intp)
-            return (self._bases[0][at] + self._relative[0][at, np.array(rows, np.intp)]).tolist()
-        slots = np.asarray(found, dtype=np.int64)
-        at_rows = np.asarray(rows, dtype=np.int64)
-        pages, at = np.divmod(slots, _SLOTS_PER_PAGE)
-        out = np.empty(len(slots), dtype=np.int64)
-        for page in np.unique(pages).tolist():
-            mask = pages == page
-            out[mask] = self._bases[page][at[mask]] + self._relative[page][at[mask], at_rows[mask]]
-        return out.tolist()
+            base, at = bases[slot], slot * per + at
+            append(base + relative[at])
+            if row % per + 1 < per:
+                append(base + relative[at + 1])
+                continue
+            slot = get(key + chunk + 1)  # the last document of a chunk ends in the next
+            if slot is None:
+                return None
+            referenced[slot] = 1
+            append(bases[slot] + relative[slot * per])
+        return out
 
     def __contains__(self, key: Hashable) -> bool:
         return key in self._slots
@@ -104,7 +112,7 @@ class OffsetChunks:
         if not self.capacity or key in self._slots or not len(offsets):
             return
         base = int(offsets[0])
-        relative = offsets - base
+        relative = np.asarray(offsets, dtype=np.int64) - base
         if int(relative[-1]) >= _UINT32_SPAN or (
             len(relative) > 1 and (np.diff(relative) < 0).any()
         ):
@@ -113,17 +121,17 @@ class OffsetChunks:
         self._slots[key] = slot
         self._keys[slot] = key
         self._referenced[slot] = 0
-        page, at = divmod(slot, _SLOTS_PER_PAGE)
-        self._bases[page][at] = base
-        self._relative[page][at, : len(relative)] = relative
+        self._bases[slot] = base
+        at = slot * self.chunk_rows
+        self._relative[at : at + len(relative)] = array("I", relative.astype("=u4").tobytes())
 
     def _free_slot(self) -> int:
         used = len(self._keys)
         if used < self.capacity:
             if used % _SLOTS_PER_PAGE == 0:
                 slots = min(_SLOTS_PER_PAGE, self.capacity - used)
-                self._bases.append(np.zeros(slots, dtype=np.int64))
-                self._relative.append(np.zeros((slots, self.chunk_rows), dtype=np.uint32))
+                self._bases.frombytes(bytes(8 * slots))
+                self._relative.frombytes(bytes(4 * slots * self.chunk_rows))
                 self._referenced.extend(bytes(slots))
             self._keys.append(None)
             return used
