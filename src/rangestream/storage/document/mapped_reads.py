@@ -88,9 +88,8 @@ class MappedReads:
         """The documents ``indexes`` (or ``keys`` of each), or ``None`` for the program.
 
         ``inline_bytes`` bounds the bytes copied (an async caller's loop is not held up by a
-        large batch)."""
-        # Python ints throughout: for the tens of documents of a batch, a numpy call costs
-        # more than the loop it would replace; numpy gathers the kept offsets only.
+        large batch). Python ints throughout: for the tens of documents of a batch, a numpy
+        call costs more than the loop it would replace."""
         opened = self.opened
         storage_format: Any = opened.format
         largest = None  # records larger than this need the program's header round
