@@ -63,7 +63,7 @@ class MappedReads:
         self.base = self.arrays[0].block_base
         self.verify = mapped.verify
         self.holder = mapped._entries  # the process's mapped blocks, read on the hot path
-        self.bound_list = opened.document_bounds.tolist()
+        self.bound_list = opened.bound_list
         self.heap_lengths = np.asarray(opened.manifest.lengths["payload_heap"]).tolist()
         self.shards = np.asarray(opened.shard_ids, dtype=np.int64).tolist()
         reader = opened.reader
