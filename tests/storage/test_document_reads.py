@@ -89,6 +89,9 @@ def test_batches_match_the_program_in_documents_and_exact_request_counts(
     as_array, array_spent = spent(mapped, lambda: mapped.read_many(np.asarray(crossing[:5])))
     assert as_array == [expected[i] for i in crossing[:5]]
     assert array_spent == spent(program, lambda: program.read_many(crossing[:5]))[1]
+    scalars = list(np.asarray([3, -2, 3], dtype=np.int32))  # numpy integers in a list
+    assert mapped.opened.read_mapped(scalars) is not None
+    assert mapped.read_many(scalars) == program.read_many(scalars) == [expected[i] for i in scalars]
     got, one = spent(mapped, lambda: mapped.read(-1))
     assert got == expected[-1] and one == spent(program, lambda: program.read(-1))[1]
     if copies.kind == "compiled":  # one compiled copy per piece of a non-empty document

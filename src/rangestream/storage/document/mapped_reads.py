@@ -110,7 +110,9 @@ class MappedReads:
         parts, chunk_keys, rows = [], [], []
         for index in indexes:
             if type(index) is not int:
-                return None  # bools, numpy scalars, others: the program checks them
+                if not isinstance(index, np.integer):
+                    return None  # bools and others: the program names them
+                index = int(index)  # numpy integers, as the program takes them
             if index < 0:
                 index += count
             if not 0 <= index < count:
