@@ -100,19 +100,37 @@ def test_batches_match_the_program_in_documents_and_exact_request_counts(
         assert copies.calls - calls == 6
 
 
-def test_a_batch_whose_offsets_are_not_kept_goes_to_the_program(tmp_path: Path) -> None:
+def test_offsets_not_kept_are_read_by_the_mapped_path_as_the_program_reads_them(
+    tmp_path: Path, copies: Copies
+) -> None:
     docs = documents(400, seed=3)
     write(tmp_path / "ds", docs, shards=1)
     mapped, program = readers(tmp_path / "ds")
-    batch = [3, 390, 200]
-    assert mapped.opened.read_mapped(batch) is None  # cold offsets: nothing read or counted
+    batch = [3, 390, 200, 127]  # offsets chunks 0, 1 (document 127 ends there) and 3: cold
+    got, mapped_spent = spent(mapped, lambda: mapped.opened.read_mapped(batch))
+    want, program_spent = spent(program, lambda: program.read_many(batch))
+    assert got == want == [(0, docs[i]) for i in batch]
+    assert mapped_spent == program_spent
+    assert mapped_spent.by_key_kind["payload_offsets"] == 1  # chunks 0, 1 and 3: coalesced
+    assert len(mapped.opened.offsets) == 3  # kept now: the next batch reads only the heap
+    again, warm = spent(mapped, lambda: mapped.opened.read_mapped([128, 2]))
+    assert again == [(0, docs[128]), (0, docs[2])] and set(warm.by_key_kind) == {"payload_heap"}
+
+
+def test_offsets_that_would_evict_kept_ones_go_to_the_program(tmp_path: Path) -> None:
+    from rangestream.storage.document.offset_chunks import OffsetChunks
+
+    docs = documents(400, seed=3)
+    write(tmp_path / "ds", docs, shards=1)
+    budget = {"offsets_cache_bytes": 2 * OffsetChunks(0, 128).slot_nbytes}  # two chunks
+    mapped, program = readers(tmp_path / "ds", **budget)
+    batch = [3, 390, 200, 127]  # three chunks to read: more than the cache holds
+    assert mapped.opened.read_mapped(batch) is None  # nothing read or counted
     assert mapped.stats.by_key_kind.keys() == {"zarr.json"}
     got, mapped_spent = spent(mapped, lambda: mapped.read_many(batch))
     want, program_spent = spent(program, lambda: program.read_many(batch))
     assert got == want == [(0, docs[i]) for i in batch]
     assert mapped_spent == program_spent
-    assert mapped_spent.by_key_kind["payload_offsets"] == 1  # chunks 0 to 3, adjacent
-    assert mapped.opened.read_mapped(batch) is not None  # kept now
 
 
 def test_out_of_range_and_non_integer_indexes_fail_as_the_program_fails(tmp_path: Path) -> None:

@@ -37,9 +37,10 @@ _BLOCK_SHIFT = 40
 class MappedReads:
     """The read program's documents and counts for a batch, from mapped blocks.
 
-    Served only when the program would make no request but the heap round: every document
-    in range (given as ``int``s or an integer array), every offsets chunk kept, each
-    document within at most two blocks. The heap requests are counted as the program counts
+    Served when every document is in range (given as ``int``s or an integer array) and
+    lies within at most two blocks. Offsets come from the kept chunks; chunks not kept are
+    read first by the mapped executor, as the program's offsets round
+    (``_cold_offsets``). The heap requests are counted as the program counts
     them: its ranges of whole inner chunks, coalesced per block (``coalesce``), once every
     document is copied, or when a checksum fails (the program had fetched them then).
     Inner chunks are verified once per process, as every mapped read verifies them
@@ -123,7 +124,9 @@ class MappedReads:
             rows.append(index - bounds[part])
         values = opened.offsets.pairs(chunk_keys, rows)
         if values is None:
-            return None  # offsets to read first: the program's round
+            values = self._cold_offsets(parts, rows)
+            if values is None:
+                return None  # offsets the mapped blocks cannot give: the program's round
         if inline_bytes is not None and sum(values[1::2]) - sum(values[::2]) > inline_bytes:
             return None  # an async caller's large batch: the program copies it on a thread
         encoded = self._copies(parts, values, largest)
@@ -137,6 +140,35 @@ class MappedReads:
             select_keys(storage_format, data, shards[part], keys)
             for part, data in zip(parts, encoded, strict=True)
         ]
+
+    def _cold_offsets(self, parts: list[int], rows: list[int]) -> list[int] | None:
+        """The documents' offsets (flat pairs) when some chunks are not kept: the program's
+        offsets round (``offset_reads``, the same reads) run by the mapped executor, which
+        counts and verifies them as the program's own step would; the chunks read are then
+        kept. ``None``, nothing counted, when the executor cannot serve the round, or when
+        keeping the chunks could evict one (the cache has fewer free slots than chunks to
+        read): the program then reads the batch."""
+        opened = self.opened
+        offsets, per = opened.offsets, opened.offset_rows
+        wanted: dict[int, set[int]] = {}
+        for part, row in zip(parts, rows, strict=True):
+            key = part << PART_SHIFT
+            for chunk in (row // per, (row + 1) // per):
+                if key + chunk not in offsets:
+                    wanted.setdefault(part, set()).add(chunk)
+        if sum(len(chunks) for chunks in wanted.values()) > offsets.free_slots:
+            return None
+        reads = opened.offset_reads(wanted)
+        if self.mapped.execute([read for _, _, read in reads]) is None:
+            return None  # a block not mapped or short: the program reads and names it
+        fetched = opened.fetched_offsets(reads)
+        values = []
+        for part, row in zip(parts, rows, strict=True):
+            values.append(opened.offset(fetched, part, row))
+            values.append(opened.offset(fetched, part, row + 1))
+        for (part, chunk), chunk_values in fetched.items():
+            offsets.put((part << PART_SHIFT) + chunk, chunk_values)
+        return values
 
     def _copies(
         self, parts: list[int], values: list[int], largest: int | None

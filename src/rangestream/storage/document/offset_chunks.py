@@ -60,6 +60,11 @@ class OffsetChunks:
         return len(self._slots)
 
     @property
+    def free_slots(self) -> int:
+        """Chunks that can be kept before one is evicted."""
+        return self.capacity - len(self._slots)
+
+    @property
     def nbytes(self) -> int:
         """Bytes of the slots allocated so far (values, reference bits)."""
         return (

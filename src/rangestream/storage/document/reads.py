@@ -94,27 +94,15 @@ class OpenedDocuments(OpenedStorage):
                 pairs.append(None)
             else:
                 pairs.append((start, end))
-        fetched: dict[tuple[int, int], np.ndarray] = {}
         if wanted:
-            reads: list[tuple[int, int, RowRead]] = []
-            for part, chunks in sorted(wanted.items()):
-                shard = self.shard_ids[part]
-                length = int(self.manifest.lengths["payload_offsets"][part])
-                for first, end in _runs(sorted(chunks)):
-                    read = self._rows(
-                        shard, "payload_offsets", first * rows, min(end * rows, length)
-                    )
-                    reads.append((part, first, read))
+            reads = self.offset_reads(wanted)
             yield [read for _, _, read in reads]
-            for part, first, read in reads:
-                values = read.target.reshape(-1).view(_INT64)
-                for at in range(0, len(values), rows):
-                    fetched[(part, first + at // rows)] = values[at : at + rows]
+            fetched = self.fetched_offsets(reads)
             for k, (part, j) in enumerate(located):
                 if pairs[k] is None:
                     pairs[k] = (
-                        self._offset(fetched, part, j),
-                        self._offset(fetched, part, j + 1),
+                        self.offset(fetched, part, j),
+                        self.offset(fetched, part, j + 1),
                     )
             for (part, chunk), values in fetched.items():
                 cache.put((part << PART_SHIFT) + chunk, values)
@@ -132,7 +120,33 @@ class OpenedDocuments(OpenedStorage):
             out.append((shard, start, end))
         return out
 
-    def _offset(self, fetched: dict[tuple[int, int], np.ndarray], part: int, row: int) -> int:
+    def offset_reads(self, wanted: dict[int, set[int]]) -> list[tuple[int, int, RowRead]]:
+        """``(shard position, first chunk, read)`` of the inner chunks of ``payload_offsets``
+        in ``wanted`` (shard position to chunks), adjacent chunks of a shard in one read: the
+        offsets round of ``spans``, and of the mapped path (``MappedReads``)."""
+        rows = self.offset_rows
+        reads: list[tuple[int, int, RowRead]] = []
+        for part, chunks in sorted(wanted.items()):
+            shard = self.shard_ids[part]
+            length = int(self.manifest.lengths["payload_offsets"][part])
+            for first, end in _runs(sorted(chunks)):
+                read = self._rows(shard, "payload_offsets", first * rows, min(end * rows, length))
+                reads.append((part, first, read))
+        return reads
+
+    def fetched_offsets(
+        self, reads: list[tuple[int, int, RowRead]]
+    ) -> dict[tuple[int, int], np.ndarray]:
+        """The chunks ``offset_reads`` read, once done, by ``(shard position, chunk)``."""
+        rows = self.offset_rows
+        fetched: dict[tuple[int, int], np.ndarray] = {}
+        for part, first, read in reads:
+            values = read.target.reshape(-1).view(_INT64)
+            for at in range(0, len(values), rows):
+                fetched[(part, first + at // rows)] = values[at : at + rows]
+        return fetched
+
+    def offset(self, fetched: dict[tuple[int, int], np.ndarray], part: int, row: int) -> int:
         """Offset ``row`` of shard position ``part``: from this read's chunks, else kept."""
         chunk, at = divmod(row, self.offset_rows)
         values = fetched.get((part, chunk))
