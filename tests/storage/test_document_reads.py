@@ -323,3 +323,30 @@ def test_kept_offsets_give_each_documents_pair_across_chunks_and_shards() -> Non
     first = [int(v) for v in shards[0][:4]]
     assert partial.pairs([0, 0], [1, 2]) == [first[1], first[2], first[2], first[3]]
     assert partial.pairs([0], [3]) is None and partial.pairs([0], [4]) is None
+
+
+def test_damaged_offsets_read_cold_fail_with_the_programs_error_and_counts(
+    tmp_path: Path,
+) -> None:
+    from rangestream.errors import CorruptDataError
+    from rangestream.layout.block import ArrayLayout, encode_block
+
+    docs = [bytes([i]) * 20 for i in range(10)]
+    write(tmp_path / "ds", docs, shards=1)
+    root = json.loads((tmp_path / "ds" / "zarr.json").read_bytes())["attributes"]["rangestream"]
+    block = next((tmp_path / "ds" / root["data_prefix"]).glob("shards/0/payload_offsets/c/0"))
+    layout = ArrayLayout.from_json(root["arrays"]["payload_offsets"], "offsets").stored_for(11)
+    offsets = np.arange(11, dtype="<i8") * 20
+    offsets[4] = 200  # document 3 ends after document 4 starts: the chunk is not kept
+    block.write_bytes(encode_block(layout, offsets.view(np.uint8)))
+    mapped, program = readers(tmp_path / "ds")
+    outcomes = []
+    for reader in (mapped, program):
+        before = reader.stats.copy()
+        with pytest.raises(CorruptDataError, match="document 4 spans \\[200, 100\\)"):
+            reader.read_many([1, 4])
+        outcomes.append(reader.stats - before)
+        # documents whose offsets are sound are still read, from the same damaged chunk
+        assert reader.read_many([7, 1]) == [(0, docs[7]), (0, docs[1])]
+    assert outcomes[0] == outcomes[1] and outcomes[0].by_key_kind == {"payload_offsets": 1}
+    assert len(mapped.opened.offsets) == 0  # never kept

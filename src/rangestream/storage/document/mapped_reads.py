@@ -159,6 +159,7 @@ class MappedReads:
         if sum(len(chunks) for chunks in wanted.values()) > offsets.free_slots:
             return None
         reads = opened.offset_reads(wanted)
+        kept = len(offsets)
         if self.mapped.execute([read for _, _, read in reads]) is None:
             return None  # a block not mapped or short: the program reads and names it
         fetched = opened.fetched_offsets(reads)
@@ -168,6 +169,10 @@ class MappedReads:
             values.append(opened.offset(fetched, part, row + 1))
         for (part, chunk), chunk_values in fetched.items():
             offsets.put((part << PART_SHIFT) + chunk, chunk_values)
+        if len(offsets) < kept + len(fetched):  # damaged chunks are not kept: the program
+            # would read them again, so its error is raised here, with the same counts
+            for number, (part, row) in enumerate(zip(parts, rows, strict=True)):
+                opened.check_span(part, row, values[2 * number], values[2 * number + 1])
         return values
 
     def _copies(

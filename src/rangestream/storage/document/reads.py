@@ -110,15 +110,20 @@ class OpenedDocuments(OpenedStorage):
         for (part, j), pair in zip(located, pairs, strict=True):
             assert pair is not None
             start, end = pair
-            shard = self.shard_ids[part]
-            heap_length = int(self.manifest.lengths["payload_heap"][part])
-            if not 0 <= start <= end <= heap_length:
-                raise CorruptDataError(
-                    f"{self.describe(self.manifest.array_key(shard, 'payload_offsets'))}: "
-                    f"document {j} spans [{start}, {end}) outside the heap of {heap_length} bytes"
-                )
-            out.append((shard, start, end))
+            self.check_span(part, j, start, end)
+            out.append((self.shard_ids[part], start, end))
         return out
+
+    def check_span(self, part: int, row: int, start: int, end: int) -> None:
+        """``CorruptDataError`` unless document ``row`` of shard position ``part`` spans
+        ``[start, end)`` inside its heap."""
+        heap_length = int(self.manifest.lengths["payload_heap"][part])
+        if not 0 <= start <= end <= heap_length:
+            shard = self.shard_ids[part]
+            raise CorruptDataError(
+                f"{self.describe(self.manifest.array_key(shard, 'payload_offsets'))}: "
+                f"document {row} spans [{start}, {end}) outside the heap of {heap_length} bytes"
+            )
 
     def offset_reads(self, wanted: dict[int, set[int]]) -> list[tuple[int, int, RowRead]]:
         """``(shard position, first chunk, read)`` of the inner chunks of ``payload_offsets``
