@@ -161,6 +161,11 @@ class Feed(Generic[G, R]):
             return None
         return self._pulled[0]
 
+    def waiting_reads(self) -> tuple[R, ...]:
+        """The reads of the groups pulled so far not yet handed to the read-ahead (after
+        :meth:`first_group` alone: the first group's reads, as :meth:`reads` yields them)."""
+        return tuple(self._reads)
+
     def next_group(self) -> G | None:
         """The next group; ``None`` at the end of the plan."""
         if not self._pulled and not self._pull():
