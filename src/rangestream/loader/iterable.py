@@ -176,8 +176,8 @@ class BatchIterableDataset(IterableDataset[Any]):
     @property
     def prefetch(self) -> int:
         """Samples in flight per worker: as given, else the strategy's default (two
-        stretches of sequential windows, at least ``DEFAULT_PREFETCH``, or two runs of the
-        block shuffle)."""
+        stretches of sequential windows, at least ``DEFAULT_PREFETCH``, or one buffer of
+        the block shuffle)."""
         if self.options.prefetch is not None:
             return self.options.prefetch
         return self.strategy.default_prefetch(self.source, self.options.batch_size)

@@ -7,10 +7,12 @@ needed. The worker issues one ``read_many`` per ``RunRead``, in that order, thro
 read-ahead (:mod:`rangestream.loader.reading.read_ahead`), keeps the windows of the group
 being handed out (at most one buffer: ``K`` runs) and hands out a step as soon as the reads
 holding its windows have arrived. Over a remote store at most ``prefetch`` windows are
-requested and not yet taken (by default two runs), so a worker holds at most ``K x run``
-windows plus the prefetch, and the first step's windows are read apart first (one round
-trip, rather than waiting for the ``K`` runs that hold them). On local disk it reads run by
-run with the sync reader.
+requested and not yet taken (by default one buffer: the next buffer is read while this one
+is handed out), so a worker holds at most ``K x run`` windows plus the prefetch; of those
+reads, :data:`RUNS_IN_FLIGHT` run at once, the others wait their turn on the I/O loop, so the
+next GET starts when one ends, not when the consumer next asks. The first step's windows
+are read apart first (one round trip, rather than waiting for the ``K`` runs that hold
+them). On local disk it reads run by run with the sync reader.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from rangestream.loader.sources.protocol import BlockShuffledSource, SampleSourc
 
 __all__ = [
     "FIRST_RUNS_BYTES",
+    "RUNS_IN_FLIGHT",
     "BlockShuffled",
     "Placement",
     "assemble",
@@ -100,6 +103,14 @@ def assemble(
                     yield next_step, samples_of_step
                 next_step = next(order, None)
 
+
+RUNS_IN_FLIGHT = 2
+"""Run reads a worker has running at once (the rest of its read-ahead waits its turn).
+
+A run's GET is a round trip and then its transfer (4 MiB); with two running, one's request
+is on its way while the other transfers, so the connection never waits for a round trip.
+More would only share the same bandwidth and delay the run needed first (reads complete in
+the order they are needed)."""
 
 FIRST_RUNS_BYTES = 1 << 20
 """Bytes of the runs holding the first step up to which those runs are the first read.
@@ -194,8 +205,15 @@ class BlockShuffled:
     phased = True
 
     def default_prefetch(self, source: SampleSource, batch_size: int) -> int:
-        """Two runs."""
-        return 2 * (cast(BlockShuffledSource, source).run_windows or 1)
+        """One buffer (``K`` runs), at least two runs.
+
+        A buffer's first steps take windows of all its ``K`` runs, so the next buffer's
+        runs are what must be read while this one is handed out: with less ahead, the
+        worker hands out a buffer with the network idle, then waits for ``K`` runs with the
+        CPU idle. A worker holds at most two buffers (the one handed out, the next).
+        """
+        block = cast(BlockShuffledSource, source)
+        return max(2, block.buffer_runs or 1) * (block.run_windows or 1)
 
     def choose_parameters(
         self, source: SampleSource, count: Callable[[], int], readers: int
@@ -222,8 +240,10 @@ class BlockShuffled:
 
         units = runs() if first is None else chain([first[0]], runs())
 
+        gate = edge.gate(RUNS_IN_FLIGHT)
+
         def read(requests: list[Any]) -> Any:
-            return edge.read(source, reader, requests)
+            return edge.read(source, reader, requests, gate)
 
         ahead = edge.read_ahead(units, read, max(spec.budget(self), 1))
         ahead.fill()

@@ -22,9 +22,10 @@ request each) waits until it fits whole, and goes alone when nothing else is in 
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
@@ -32,7 +33,16 @@ if TYPE_CHECKING:
     from rangestream.loader.reading.tasks import IterationTasks
     from rangestream.loader.sources.protocol import SampleSource
 
-__all__ = ["AsyncEdge", "Deferred", "Feed", "ReadAhead", "ReadEdge", "ReadUnit", "SyncEdge"]
+__all__ = [
+    "AsyncEdge",
+    "Deferred",
+    "Feed",
+    "Gate",
+    "ReadAhead",
+    "ReadEdge",
+    "ReadUnit",
+    "SyncEdge",
+]
 
 T = TypeVar("T")
 G = TypeVar("G")
@@ -178,14 +188,46 @@ class Feed(Generic[G, R]):
             yield self._reads.popleft()
 
 
+class Gate:
+    """Reads in flight at once, at most ``reads``, taken in the order they were issued.
+
+    Why apart from the read-ahead's budget: the budget bounds memory (samples requested
+    and not yet taken, e.g. the block shuffle's next buffer), the gate bounds the network
+    depth (GETs running). Reads issued within the budget wait here on the I/O loop, so a
+    read starts as soon as one ends, whether or not the consumer has taken anything since
+    (the read-ahead issues reads only when it is called). ``asyncio.Semaphore`` wakes its
+    waiters in order, so reads start in the order they were issued.
+    """
+
+    def __init__(self, reads: int) -> None:
+        self.reads = max(1, reads)
+        self._semaphore: asyncio.Semaphore | None = None  # made on the loop, on first use
+
+    async def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        if self._semaphore is None:
+            self._semaphore = asyncio.Semaphore(self.reads)
+        try:
+            async with self._semaphore:
+                return await coroutine
+        finally:
+            coroutine.close()  # never awaited if cancelled while waiting: no warning
+
+
 class ReadEdge(Protocol):
     """How reads are made: the sync edge or the async edge of the read-ahead."""
 
     #: Whether reads run while the consumer works (reads issued apart overlap).
     overlaps: bool
 
-    def read(self, source: SampleSource, reader: Any, requests: list[Any]) -> Handle:
-        """A read of ``requests`` from ``reader`` of ``source``."""
+    def read(
+        self, source: SampleSource, reader: Any, requests: list[Any], gate: Gate | None = None
+    ) -> Handle:
+        """A read of ``requests`` from ``reader`` of ``source``; with ``gate``, it waits for
+        a place among the gate's reads in flight."""
+
+    def gate(self, reads: int) -> Gate | None:
+        """At most ``reads`` reads made through it in flight at once (``None``: this edge
+        makes one read at a time anyway)."""
 
     def read_ahead(
         self, units: Iterator[ReadUnit[T]], read: Callable[[list[Any]], Handle], budget: int
@@ -198,8 +240,13 @@ class SyncEdge:
 
     overlaps = False
 
-    def read(self, source: SampleSource, reader: Any, requests: list[Any]) -> Deferred:
+    def read(
+        self, source: SampleSource, reader: Any, requests: list[Any], gate: Gate | None = None
+    ) -> Deferred:
         return Deferred(lambda: source.read_many_sync(reader, requests))
+
+    def gate(self, reads: int) -> Gate | None:
+        return None
 
     def read_ahead(
         self, units: Iterator[ReadUnit[T]], read: Callable[[list[Any]], Handle], budget: int
@@ -216,9 +263,13 @@ class AsyncEdge:
         self._tasks = tasks
 
     def read(
-        self, source: SampleSource, reader: Any, requests: list[Any]
+        self, source: SampleSource, reader: Any, requests: list[Any], gate: Gate | None = None
     ) -> concurrent.futures.Future[list[Any]]:
-        return self._tasks.submit(source.read_many(reader, requests))
+        coroutine = source.read_many(reader, requests)
+        return self._tasks.submit(coroutine if gate is None else gate.run(coroutine))
+
+    def gate(self, reads: int) -> Gate | None:
+        return Gate(reads)
 
     def read_ahead(
         self, units: Iterator[ReadUnit[T]], read: Callable[[list[Any]], Handle], budget: int
