@@ -90,8 +90,10 @@ class ReadAhead(Generic[T]):
         *,
         budget: int | None,
         first_alone: bool,
+        issued_last: Callable[[], None] | None = None,
     ) -> None:
         self._units = units
+        self._issued_last = issued_last
         self._read = read
         self._budget = budget
         self._first_waiting = first_alone
@@ -106,6 +108,9 @@ class ReadAhead(Generic[T]):
             if self._held is None:
                 self._held = next(self._units, None)
                 if self._held is None:
+                    done, self._issued_last = self._issued_last, None
+                    if done is not None:
+                        done()
                     return
                 self._rest = self._held.requests
             count = len(self._rest)
@@ -259,8 +264,12 @@ class AsyncEdge:
 
     overlaps = True
 
-    def __init__(self, tasks: IterationTasks) -> None:
+    def __init__(
+        self, tasks: IterationTasks, issued_last: Callable[[], None] | None = None
+    ) -> None:
         self._tasks = tasks
+        #: Called once the (first) read-ahead made on this edge has issued its last read.
+        self._issued_last = issued_last
 
     def read(
         self, source: SampleSource, reader: Any, requests: list[Any], gate: Gate | None = None
@@ -274,4 +283,5 @@ class AsyncEdge:
     def read_ahead(
         self, units: Iterator[ReadUnit[T]], read: Callable[[list[Any]], Handle], budget: int
     ) -> ReadAhead[T]:
-        return ReadAhead(units, read, budget=budget, first_alone=True)
+        done, self._issued_last = self._issued_last, None
+        return ReadAhead(units, read, budget=budget, first_alone=True, issued_last=done)
