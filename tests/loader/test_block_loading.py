@@ -11,6 +11,7 @@ counts are :class:`WindowGeometry`'s arithmetic over the plan's reads.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -383,3 +384,70 @@ def test_four_readers_over_s3_read_each_byte_of_data_about_once(
     ratio = s3_proxy.stats().response_bytes / data_bytes
     print(f"block shuffle, {world} rank(s) x {workers} workers: {ratio:.4f} bytes per byte")
     assert 1.0 <= ratio <= 1.2
+
+
+def test_a_kept_worker_sends_the_next_epochs_first_read_before_that_epoch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A persistent worker (a shared position, a worker identity) plans its next epoch
+    once this one has issued its last read; from its second epoch on (a loader iterated
+    again) it also sends that epoch's first read then, and the epoch uses it instead of
+    making it again. A moved position leaves it unused; a loader iterated once reads
+    nothing beyond its epoch."""
+    dataset = fake_block_dataset(400, 20, 4, rank=0, world=1, batch=4, drop_last=True)
+    dataset.share_position()
+    info = SimpleNamespace(id=0, num_workers=1)
+    monkeypatch.setattr("rangestream.loader.iterable.get_worker_info", lambda: info)
+    stats = dataset.source.dataset.stats  # type: ignore[attr-defined]
+    shuffle = BlockShuffle(400, SEED, 20, 4)
+    start = EpochPosition.start(world_size=1, batch_size=4, num_workers=1, drop_last=True)
+
+    def reads(epoch: int) -> list[int]:
+        """An epoch's read_many sizes: its first step's windows alone (the fake's samples
+        have no storage span), then each group's runs, those touching joined."""
+        groups = list(shuffle.worker_plan(epoch, start, rank=0, worker_id=0).groups())
+        first = groups[0]
+        sizes = [len(np.unique(first.windows[first.steps == first.steps[0]]))]
+        for group in groups:  # by first use
+            runs = group.windows // 20
+            use = {int(run): int(np.flatnonzero(runs == run)[0]) for run in np.unique(runs)}
+            chains = _touching(sorted((20 * run, 20 * run + 20) for run in use))
+            uses = [min(use[run] for run in range(a // 20, b // 20)) for a, b in chains]
+            sizes.extend(b - a for _, (a, b) in sorted(zip(uses, chains, strict=True)))
+        return sizes
+
+    def epoch_windows() -> list[int]:
+        return [int(p) for batch in dataset for p in batch["position"]]
+
+    def expected_windows(epoch: int) -> list[int]:
+        steps = simulate_epoch(shuffle, epoch, start)
+        return [int(p) for key in sorted(steps) for p in steps[key]]
+
+    def settle() -> None:  # the read sent ahead has finished (a bounded wait, no timing)
+        ahead = dataset._epoch_ahead._ahead
+        assert ahead is not None
+        for _ in range(2000):
+            if ahead._started is not None and ahead._started.done() and not ahead.tasks.pending():
+                return
+            time.sleep(0.005)
+        raise AssertionError("the next epoch's first read never finished")
+
+    assert epoch_windows() == expected_windows(0)
+    settle()
+    assert stats.read_many_sizes == reads(0)  # epoch 1 planned, nothing read for it
+    dataset.seek(LoaderPosition(1))
+    assert epoch_windows() == expected_windows(1)
+    settle()
+    # epoch 1's reads, then epoch 2's first one (its first step's 4 windows), before it
+    assert sorted(stats.read_many_sizes) == sorted([*reads(0), *reads(1), reads(2)[0]])
+    assert reads(2)[0] == 4  # (it may start before epoch 1's last reads: its own gate)
+    dataset.seek(LoaderPosition(2))
+    assert epoch_windows() == expected_windows(2)
+    settle()  # epoch 3's first read, sent ahead in turn
+    # epoch 2 did not make its first read again
+    made = len(reads(0)) + len(reads(1)) + len(reads(2))
+    assert len(stats.read_many_sizes) == made + 1
+    dataset.seek(LoaderPosition(5))  # a moved position: epoch 3's read is left unused
+    assert epoch_windows() == expected_windows(5)
+    settle()
+    assert len(stats.read_many_sizes) == made + 1 + len(reads(5)) + 1

@@ -151,8 +151,14 @@ class BatchIterator(Iterator[Any]):
     to the parent's loop.
     """
 
-    def __init__(self, spec: ReadSpec, strategy: EpochStrategy, start: Start) -> None:
+    def __init__(
+        self, spec: ReadSpec, strategy: EpochStrategy, start: Start, *, held: bool = False
+    ) -> None:
         self._spec = spec
+        #: Planned but issuing no read until its first batch is asked for (an epoch
+        #: planned ahead of time, ``epoch_ahead``).
+        self._held = held
+        self._edge: AsyncEdge | None = None
         self._strategy = strategy
         self.start = start
         self._pid = os.getpid()
@@ -170,7 +176,7 @@ class BatchIterator(Iterator[Any]):
     async def _open(self, start: Start) -> Steps:
         """Open, plan and send the first reads (on the loop)."""
         reader = await self._spec.open_async(self.tasks)
-        edge = AsyncEdge(self.tasks, self._issued_last)
+        edge = self._edge = AsyncEdge(self.tasks, self._issued_last, held=self._held)
         return self._strategy.steps(self._spec, reader, start, edge)
 
     @property
@@ -200,6 +206,8 @@ class BatchIterator(Iterator[Any]):
             if self._started is not None:
                 self._steps = self._started.result()
                 self._started = None
+                if self._held and self._edge is not None:
+                    self._edge.release()  # the first read, now that a batch is wanted
             assert self._steps is not None
             found = next(self._steps, None)
             if found is not None:

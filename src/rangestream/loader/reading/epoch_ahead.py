@@ -4,11 +4,15 @@ Why: between its last read of an epoch and the first batch of the next, a kept w
 (``persistent_workers``) waits for the training loop to finish the epoch; then the next
 epoch's first batch costs a plan and a round trip (over S3 with 20 ms per request, 56-100
 ms measured) while the loop waits. Started once this epoch's read-ahead has issued its last
-read (its tail is then only being handed out), the next epoch's iteration has its first read
-(the first step's windows, or the small runs holding them: ``blocks._first_step``) in
-flight or arrived when the loop asks for it (8-15 ms measured), and nothing more: the
-read-ahead sends the first read alone and the rest only as batches are taken, so an epoch
-that never comes costs that one read (a batch's windows: a request each at most).
+read (its tail is then only being handed out), the next epoch's iteration is planned, and
+it has its first read (the first step's windows, or the small runs holding them:
+``blocks._first_step``) in flight or arrived when the loop asks for it (8-15 ms measured),
+and nothing more: the read-ahead sends the first read alone and the rest only as batches
+are taken, so an epoch that never comes costs that one read.
+
+That read is sent ahead only by a worker that has already been iterated again (from its
+second epoch on): a loader iterated once (one epoch, an evaluation pass) reads nothing
+beyond what it hands out, and its next epoch, if one comes, is planned but reads when asked.
 
 It is used only if the loader's position is then exactly where the finished epoch leads
 (the next epoch, from its start, with the same setting and worker); a position moved by
@@ -30,6 +34,7 @@ class EpochAhead:
 
     def __init__(self) -> None:
         self._ahead: BatchIterator | None = None
+        self._iterations = 0  # iterations this worker has started
 
     def iterator(
         self,
@@ -41,6 +46,7 @@ class EpochAhead:
         """The iteration starting at ``start``: the one started ahead if it starts there
         (and reads for the same consumer), else a new one. ``following`` gives where the
         epoch after an iteration starts (``None``: never start one ahead)."""
+        self._iterations += 1
         ahead, self._ahead = self._ahead, None
         if ahead is not None:
             if ahead.start == start and ahead.spec.tagged == spec.tagged:
@@ -63,12 +69,15 @@ class EpochAhead:
             return
 
         def begin_next() -> None:
-            self._ahead = BatchIterator(spec, strategy, following(iterator.start))
+            # planned always; its first read sent only by a worker iterated again already
+            held = self._iterations < 2
+            self._ahead = BatchIterator(spec, strategy, following(iterator.start), held=held)
 
         iterator.after_last_read(begin_next)
 
     def close(self) -> None:
         """Cancel an iteration started ahead (idempotent)."""
+        self._iterations += 1
         ahead, self._ahead = self._ahead, None
         if ahead is not None:
             ahead.close()

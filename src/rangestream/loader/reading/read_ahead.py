@@ -91,9 +91,11 @@ class ReadAhead(Generic[T]):
         budget: int | None,
         first_alone: bool,
         issued_last: Callable[[], None] | None = None,
+        held: bool = False,
     ) -> None:
         self._units = units
         self._issued_last = issued_last
+        self._held_back = held  # issue nothing until released (an epoch planned ahead)
         self._read = read
         self._budget = budget
         self._first_waiting = first_alone
@@ -102,9 +104,14 @@ class ReadAhead(Generic[T]):
         self._pending: deque[tuple[T, int, Handle]] = deque()
         self._in_flight = 0
 
+    def release(self) -> None:
+        """Let a read-ahead made ``held`` issue its reads, and issue the first ones."""
+        self._held_back = False
+        self.fill()
+
     def fill(self) -> None:
         """Issue the next reads the budget has room for."""
-        while not (self._first_waiting and self._pending):
+        while not (self._held_back or (self._first_waiting and self._pending)):
             if self._held is None:
                 self._held = next(self._units, None)
                 if self._held is None:
@@ -265,11 +272,24 @@ class AsyncEdge:
     overlaps = True
 
     def __init__(
-        self, tasks: IterationTasks, issued_last: Callable[[], None] | None = None
+        self,
+        tasks: IterationTasks,
+        issued_last: Callable[[], None] | None = None,
+        *,
+        held: bool = False,
     ) -> None:
         self._tasks = tasks
         #: Called once the (first) read-ahead made on this edge has issued its last read.
         self._issued_last = issued_last
+        #: Whether read-aheads made here issue nothing until :meth:`release`.
+        self._held = held
+        self._made: list[ReadAhead[Any]] = []
+
+    def release(self) -> None:
+        """Let the read-aheads made here issue their reads (on the consumer's thread)."""
+        self._held = False
+        for ahead in self._made:
+            ahead.release()
 
     def read(
         self, source: SampleSource, reader: Any, requests: list[Any], gate: Gate | None = None
@@ -284,4 +304,8 @@ class AsyncEdge:
         self, units: Iterator[ReadUnit[T]], read: Callable[[list[Any]], Handle], budget: int
     ) -> ReadAhead[T]:
         done, self._issued_last = self._issued_last, None
-        return ReadAhead(units, read, budget=budget, first_alone=True, issued_last=done)
+        ahead = ReadAhead(
+            units, read, budget=budget, first_alone=True, issued_last=done, held=self._held
+        )
+        self._made.append(ahead)
+        return ahead
