@@ -34,6 +34,7 @@ from rangestream.loader import (
 from rangestream.loader.orders.block_shuffle import BlockShuffle, simulate_epoch
 from rangestream.loader.orders.geometry import WindowGeometry
 from rangestream.loader.orders.phases import EpochPosition
+from rangestream.loader.reading.blocks import RUNS_IN_FLIGHT
 from rangestream.loader.transport import BUNDLE_BATCHES
 from rangestream.types import DocumentStorageFormat
 from testkit import LatencyProxy
@@ -261,6 +262,19 @@ def test_reads_in_flight_stay_within_the_prefetch_budget() -> None:
         sizes.extend(b - a for _, (a, b) in sorted(zip(uses, chains, strict=True)))
     assert stats.read_many_sizes == [4, *sizes]
     assert len(sizes) < 20  # some runs of a buffer touch here
+
+
+def test_the_next_buffer_is_read_ahead_two_runs_at_a_time() -> None:
+    """By default a worker reads one buffer ahead (``K`` runs not yet taken), two run
+    reads running at once: the next starts as one ends, not when the consumer asks."""
+    dataset = fake_block_dataset(400, 20, 4, rank=0, world=1, batch=4, drop_last=True,
+                                 delay=0.002)  # fmt: skip
+    assert dataset.prefetch == 4 * 20  # one buffer
+    windows = [int(p) for batch in dataset for p in batch["position"]]
+    assert sorted(windows) == list(range(400))
+    stats = dataset.source.dataset.stats  # type: ignore[attr-defined]
+    assert stats.max_read_many_running == RUNS_IN_FLIGHT == 2
+    assert stats.max_in_flight <= 80  # the budget: never more samples requested
 
 
 def test_block_state_carries_its_parameters_and_phases(tmp_path: Path) -> None:
