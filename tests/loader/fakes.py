@@ -38,6 +38,8 @@ class ReadStats:
     max_in_flight: int = 0
     opened_pids: list[int] = field(default_factory=list)
     read_many_sizes: list[int] = field(default_factory=list)
+    read_many_running: int = 0  # async read_many calls running now, and at most
+    max_read_many_running: int = 0
 
 
 def _delay(position: int, base: float) -> float:
@@ -134,8 +136,14 @@ class FakeAsyncReader:
         return self._read(position)
 
     async def read_many(self, positions: list[int]) -> list[Any]:
-        self.dataset.stats.read_many_sizes.append(len(positions))
-        return list(await asyncio.gather(*(self._read(p) for p in positions)))
+        stats = self.dataset.stats
+        stats.read_many_sizes.append(len(positions))
+        stats.read_many_running += 1
+        stats.max_read_many_running = max(stats.max_read_many_running, stats.read_many_running)
+        try:
+            return list(await asyncio.gather(*(self._read(p) for p in positions)))
+        finally:
+            stats.read_many_running -= 1
 
     async def _read(self, position: int) -> Any:
         if self._pid != os.getpid() or asyncio.get_running_loop() is not self._loop:

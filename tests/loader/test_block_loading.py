@@ -11,6 +11,7 @@ counts are :class:`WindowGeometry`'s arithmetic over the plan's reads.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -33,6 +34,7 @@ from rangestream.loader import (
 from rangestream.loader.orders.block_shuffle import BlockShuffle, simulate_epoch
 from rangestream.loader.orders.geometry import WindowGeometry
 from rangestream.loader.orders.phases import EpochPosition
+from rangestream.loader.reading.blocks import RUNS_IN_FLIGHT
 from rangestream.loader.transport import BUNDLE_BATCHES
 from rangestream.types import DocumentStorageFormat
 from testkit import LatencyProxy
@@ -175,12 +177,32 @@ def test_each_run_is_read_with_the_requests_its_geometry_makes(location: Locatio
     groups = list(plan.groups())
     reads = [read for group in groups for read in group.reads]
     assert len(reads) == 13  # every run once: 12 of 40 windows and the short one of 20
-    expected = 1 + sum(geometry.requests(np.asarray(read.request_windows)) for read in reads)
-    if location.is_s3:  # remote: the first step's windows are read alone, ahead of the runs
+    assert all(read.whole for read in reads)  # one reader: no region cuts a run
+    # a group's runs that touch in storage are read together (their shared chunks once)
+    together = [_touching(sorted((r.start, r.stop) for r in group.reads)) for group in groups]
+    assert sum(len(spans) for spans in together) < 13  # some do touch here
+    if location.is_s3:  # the first step's runs (a few KiB) are read first, together
         first = groups[0]
-        expected += geometry.requests(first.windows[first.steps == first.steps[0]])
+        step = first.windows[first.steps == first.steps[0]]
+        holding = [(a, b) for a, b in together[0] if ((step >= a) & (step < b)).any()]
+        together[0] = [span for span in together[0] if span not in holding]
+        expected = 1 + geometry.requests(np.concatenate([np.arange(a, b) for a, b in holding]))
+    else:
+        expected = 1
+    expected += sum(geometry.requests(np.arange(a, b)) for spans in together for a, b in spans)
     assert loader.source_stats()["source"]["requests"] == expected
     assert expected < 1 + 500 / 10  # far below a request per window
+
+
+def _touching(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sorted ``[start, stop)`` spans with those that touch joined."""
+    out: list[tuple[int, int]] = []
+    for start, stop in spans:
+        if out and out[-1][1] == start:
+            out[-1] = (out[-1][0], stop)
+        else:
+            out.append((start, stop))
+    return out
 
 
 def test_workers_in_their_own_processes_resume_elastically_over_s3_and_local(
@@ -226,9 +248,33 @@ def test_reads_in_flight_stay_within_the_prefetch_budget() -> None:
     assert sorted(windows) == list(range(400))
     stats = dataset.source.dataset.stats  # type: ignore[attr-defined]
     assert stats.max_in_flight <= 40
-    # the first step's 4 windows alone (ahead of the runs that hold them), then one
-    # read_many per run, in listed order
-    assert stats.read_many_sizes == [4] + [20] * 20
+    # the first step's 4 windows alone (ahead of the runs that hold them: the fake's
+    # samples have no storage span, so its runs' bytes are unknown), then one read_many
+    # per run, or per chain of a buffer's runs that touch in storage, by first use
+    start = EpochPosition.start(world_size=1, batch_size=4, num_workers=1, drop_last=True)
+    plan = BlockShuffle(400, SEED, 20, 4).worker_plan(0, start, rank=0, worker_id=0)
+    sizes = []
+    for group in plan.groups():
+        runs = group.windows // 20
+        first_use = {int(run): int(np.flatnonzero(runs == run)[0]) for run in np.unique(runs)}
+        chains = _touching(sorted((20 * run, 20 * run + 20) for run in first_use))
+        uses = [min(first_use[run] for run in range(a // 20, b // 20)) for a, b in chains]
+        sizes.extend(b - a for _, (a, b) in sorted(zip(uses, chains, strict=True)))
+    assert stats.read_many_sizes == [4, *sizes]
+    assert len(sizes) < 20  # some runs of a buffer touch here
+
+
+def test_the_next_buffer_is_read_ahead_two_runs_at_a_time() -> None:
+    """By default a worker reads one buffer ahead (``K`` runs not yet taken), two run
+    reads running at once: the next starts as one ends, not when the consumer asks."""
+    dataset = fake_block_dataset(400, 20, 4, rank=0, world=1, batch=4, drop_last=True,
+                                 delay=0.002)  # fmt: skip
+    assert dataset.prefetch == 4 * 20  # one buffer
+    windows = [int(p) for batch in dataset for p in batch["position"]]
+    assert sorted(windows) == list(range(400))
+    stats = dataset.source.dataset.stats  # type: ignore[attr-defined]
+    assert stats.max_read_many_running == RUNS_IN_FLIGHT == 2
+    assert stats.max_in_flight <= 80  # the budget: never more samples requested
 
 
 def test_block_state_carries_its_parameters_and_phases(tmp_path: Path) -> None:
@@ -322,15 +368,6 @@ def test_block_shuffled_documents_resume_elastically_in_worker_processes(
     assert len(set(rest) - set(seen)) == 444
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 30's target (<= 1.2 bytes read per byte of data) is not met here: measured "
-    "1.295 (1 rank x 4 workers) and 1.288 (2 ranks x 2 workers), and 1.193 with one worker. "
-    "Cause: in the second shard windows do not start on chunk boundaries, so the chunk a run "
-    "ends in is also the chunk the next run starts in, and each run fetches it (chunks are "
-    "read whole to check their crc32c): 5 chunks per run of 4 there. Fix to build: fetch a "
-    "buffer's adjacent runs together, or keep their boundary chunks",
-)
 @pytest.mark.parametrize(("world", "workers"), [(1, 4), (2, 2)], ids=["1x4", "2x2"])
 def test_four_readers_over_s3_read_each_byte_of_data_about_once(
     s3_url: Location, s3_proxy: LatencyProxy, world: int, workers: int
@@ -361,3 +398,70 @@ def test_four_readers_over_s3_read_each_byte_of_data_about_once(
     ratio = s3_proxy.stats().response_bytes / data_bytes
     print(f"block shuffle, {world} rank(s) x {workers} workers: {ratio:.4f} bytes per byte")
     assert 1.0 <= ratio <= 1.2
+
+
+def test_a_kept_worker_sends_the_next_epochs_first_read_before_that_epoch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A persistent worker (a shared position, a worker identity) plans its next epoch
+    once this one has issued its last read; from its second epoch on (a loader iterated
+    again) it also sends that epoch's first read then, and the epoch uses it instead of
+    making it again. A moved position leaves it unused; a loader iterated once reads
+    nothing beyond its epoch."""
+    dataset = fake_block_dataset(400, 20, 4, rank=0, world=1, batch=4, drop_last=True)
+    dataset.share_position()
+    info = SimpleNamespace(id=0, num_workers=1)
+    monkeypatch.setattr("rangestream.loader.iterable.get_worker_info", lambda: info)
+    stats = dataset.source.dataset.stats  # type: ignore[attr-defined]
+    shuffle = BlockShuffle(400, SEED, 20, 4)
+    start = EpochPosition.start(world_size=1, batch_size=4, num_workers=1, drop_last=True)
+
+    def reads(epoch: int) -> list[int]:
+        """An epoch's read_many sizes: its first step's windows alone (the fake's samples
+        have no storage span), then each group's runs, those touching joined."""
+        groups = list(shuffle.worker_plan(epoch, start, rank=0, worker_id=0).groups())
+        first = groups[0]
+        sizes = [len(np.unique(first.windows[first.steps == first.steps[0]]))]
+        for group in groups:  # by first use
+            runs = group.windows // 20
+            use = {int(run): int(np.flatnonzero(runs == run)[0]) for run in np.unique(runs)}
+            chains = _touching(sorted((20 * run, 20 * run + 20) for run in use))
+            uses = [min(use[run] for run in range(a // 20, b // 20)) for a, b in chains]
+            sizes.extend(b - a for _, (a, b) in sorted(zip(uses, chains, strict=True)))
+        return sizes
+
+    def epoch_windows() -> list[int]:
+        return [int(p) for batch in dataset for p in batch["position"]]
+
+    def expected_windows(epoch: int) -> list[int]:
+        steps = simulate_epoch(shuffle, epoch, start)
+        return [int(p) for key in sorted(steps) for p in steps[key]]
+
+    def settle() -> None:  # the read sent ahead has finished (a bounded wait, no timing)
+        ahead = dataset._epoch_ahead._ahead
+        assert ahead is not None
+        for _ in range(2000):
+            if ahead._started is not None and ahead._started.done() and not ahead.tasks.pending():
+                return
+            time.sleep(0.005)
+        raise AssertionError("the next epoch's first read never finished")
+
+    assert epoch_windows() == expected_windows(0)
+    settle()
+    assert stats.read_many_sizes == reads(0)  # epoch 1 planned, nothing read for it
+    dataset.seek(LoaderPosition(1))
+    assert epoch_windows() == expected_windows(1)
+    settle()
+    # epoch 1's reads, then epoch 2's first one (its first step's 4 windows), before it
+    assert sorted(stats.read_many_sizes) == sorted([*reads(0), *reads(1), reads(2)[0]])
+    assert reads(2)[0] == 4  # (it may start before epoch 1's last reads: its own gate)
+    dataset.seek(LoaderPosition(2))
+    assert epoch_windows() == expected_windows(2)
+    settle()  # epoch 3's first read, sent ahead in turn
+    # epoch 2 did not make its first read again
+    made = len(reads(0)) + len(reads(1)) + len(reads(2))
+    assert len(stats.read_many_sizes) == made + 1
+    dataset.seek(LoaderPosition(5))  # a moved position: epoch 3's read is left unused
+    assert epoch_windows() == expected_windows(5)
+    settle()
+    assert len(stats.read_many_sizes) == made + 1 + len(reads(5)) + 1

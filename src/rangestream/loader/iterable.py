@@ -33,12 +33,12 @@ from rangestream.loader.orders.phases import EpochPosition
 from rangestream.loader.orders.sequence_plan import EpochPlan
 from rangestream.loader.position import KeptReader, LoaderPosition, SharedPosition
 from rangestream.loader.reading.batches import (
-    BatchIterator,
     ReadSpec,
     Start,
     check_same_count,
     read_sync,
 )
+from rangestream.loader.reading.epoch_ahead import EpochAhead
 from rangestream.loader.reading.strategies import strategy_for
 from rangestream.loader.reading.tasks import IterationTasks
 from rangestream.loader.sources.protocol import SampleSource
@@ -120,6 +120,8 @@ class BatchIterableDataset(IterableDataset[Any]):
         #: would close its reader): the sync one for local sources, the async one else.
         self._kept_sync: tuple[Any, Any] | None = None
         self._kept_async: tuple[Any, Any] | None = None
+        #: A persistent worker's next epoch, started when its current one ends.
+        self._epoch_ahead = EpochAhead()
         #: DataLoader workers per rank, as the loader that owns this dataset starts them:
         #: the block shuffle sizes its buffers by the readers of an epoch.
         self.workers_per_rank = 1
@@ -132,6 +134,7 @@ class BatchIterableDataset(IterableDataset[Any]):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_kept_sync"] = state["_kept_async"] = None  # readers are per process
+        state["_epoch_ahead"] = EpochAhead()
         state["_io"] = SourceIO()
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             # A spawned DataLoader worker has no process group: it gets this rank's values
@@ -176,8 +179,8 @@ class BatchIterableDataset(IterableDataset[Any]):
     @property
     def prefetch(self) -> int:
         """Samples in flight per worker: as given, else the strategy's default (two
-        stretches of sequential windows, at least ``DEFAULT_PREFETCH``, or two runs of the
-        block shuffle)."""
+        stretches of sequential windows, at least ``DEFAULT_PREFETCH``, or one buffer of
+        the block shuffle)."""
         if self.options.prefetch is not None:
             return self.options.prefetch
         return self.strategy.default_prefetch(self.source, self.options.batch_size)
@@ -457,7 +460,17 @@ class BatchIterableDataset(IterableDataset[Any]):
         context = self._sync_context()
         if context is not None:
             return read_sync(spec, self.strategy, context, start)
-        return BatchIterator(spec, self.strategy, start)
+        # a persistent worker starts its next epoch as this one ends (``epoch_ahead``)
+        kept = self._shared is not None and get_worker_info() is not None
+        following = self._following if kept else None
+        return self._epoch_ahead.iterator(spec, self.strategy, start, following)
+
+    def _following(self, start: Start) -> Start:
+        """Where the epoch after one started at ``start`` starts, if nothing moves the
+        position in between: its beginning, with the same setting and worker."""
+        position = LoaderPosition(start.epoch + 1)
+        phases = self.phases_for(position, start.num_workers) if self.phased else None
+        return Start(position.epoch, 0, phases, start.worker_id, start.num_workers)
 
     def _spec(self, emit: Callable[[int, Any], Any], tagged: bool | None = None) -> ReadSpec:
         """What an iteration reads, and how it hands batches out (through ``emit``)."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -150,11 +151,22 @@ class BatchIterator(Iterator[Any]):
     to the parent's loop.
     """
 
-    def __init__(self, spec: ReadSpec, strategy: EpochStrategy, start: Start) -> None:
+    def __init__(
+        self, spec: ReadSpec, strategy: EpochStrategy, start: Start, *, held: bool = False
+    ) -> None:
         self._spec = spec
+        #: Planned but issuing no read until its first batch is asked for (an epoch
+        #: planned ahead of time, ``epoch_ahead``).
+        self._held = held
+        self._edge: AsyncEdge | None = None
         self._strategy = strategy
+        self.start = start
         self._pid = os.getpid()
         self._closed = False
+        # what runs once this iteration has issued its last read (``after_last_read``)
+        self._lock = threading.Lock()
+        self._then: Callable[[], None] | None = None
+        self._issued_all = False
         self.tasks = IterationTasks()
         self._steps: Steps | None = None
         self._started: concurrent.futures.Future[Steps] | None = self.tasks.submit(
@@ -164,7 +176,28 @@ class BatchIterator(Iterator[Any]):
     async def _open(self, start: Start) -> Steps:
         """Open, plan and send the first reads (on the loop)."""
         reader = await self._spec.open_async(self.tasks)
-        return self._strategy.steps(self._spec, reader, start, AsyncEdge(self.tasks))
+        edge = self._edge = AsyncEdge(self.tasks, self._issued_last, held=self._held)
+        return self._strategy.steps(self._spec, reader, start, edge)
+
+    @property
+    def spec(self) -> ReadSpec:
+        return self._spec
+
+    def after_last_read(self, then: Callable[[], None]) -> None:
+        """Call ``then`` once this iteration has issued its last read (at once if it has):
+        a persistent worker starts its next epoch there (``epoch_ahead``)."""
+        with self._lock:
+            if not self._issued_all:
+                self._then = then
+                return
+        then()
+
+    def _issued_last(self) -> None:
+        with self._lock:
+            self._issued_all = True
+            then, self._then = self._then, None
+        if then is not None:
+            then()
 
     def __next__(self) -> Any:
         if self._closed:
@@ -173,6 +206,8 @@ class BatchIterator(Iterator[Any]):
             if self._started is not None:
                 self._steps = self._started.result()
                 self._started = None
+                if self._held and self._edge is not None:
+                    self._edge.release()  # the first read, now that a batch is wanted
             assert self._steps is not None
             found = next(self._steps, None)
             if found is not None:

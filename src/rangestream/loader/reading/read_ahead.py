@@ -22,9 +22,10 @@ request each) waits until it fits whole, and goes alone when nothing else is in 
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
@@ -32,7 +33,16 @@ if TYPE_CHECKING:
     from rangestream.loader.reading.tasks import IterationTasks
     from rangestream.loader.sources.protocol import SampleSource
 
-__all__ = ["AsyncEdge", "Deferred", "Feed", "ReadAhead", "ReadEdge", "ReadUnit", "SyncEdge"]
+__all__ = [
+    "AsyncEdge",
+    "Deferred",
+    "Feed",
+    "Gate",
+    "ReadAhead",
+    "ReadEdge",
+    "ReadUnit",
+    "SyncEdge",
+]
 
 T = TypeVar("T")
 G = TypeVar("G")
@@ -80,8 +90,12 @@ class ReadAhead(Generic[T]):
         *,
         budget: int | None,
         first_alone: bool,
+        issued_last: Callable[[], None] | None = None,
+        held: bool = False,
     ) -> None:
         self._units = units
+        self._issued_last = issued_last
+        self._held_back = held  # issue nothing until released (an epoch planned ahead)
         self._read = read
         self._budget = budget
         self._first_waiting = first_alone
@@ -90,12 +104,20 @@ class ReadAhead(Generic[T]):
         self._pending: deque[tuple[T, int, Handle]] = deque()
         self._in_flight = 0
 
+    def release(self) -> None:
+        """Let a read-ahead made ``held`` issue its reads, and issue the first ones."""
+        self._held_back = False
+        self.fill()
+
     def fill(self) -> None:
         """Issue the next reads the budget has room for."""
-        while not (self._first_waiting and self._pending):
+        while not (self._held_back or (self._first_waiting and self._pending)):
             if self._held is None:
                 self._held = next(self._units, None)
                 if self._held is None:
+                    done, self._issued_last = self._issued_last, None
+                    if done is not None:
+                        done()
                     return
                 self._rest = self._held.requests
             count = len(self._rest)
@@ -161,6 +183,11 @@ class Feed(Generic[G, R]):
             return None
         return self._pulled[0]
 
+    def waiting_reads(self) -> tuple[R, ...]:
+        """The reads of the groups pulled so far not yet handed to the read-ahead (after
+        :meth:`first_group` alone: the first group's reads, as :meth:`reads` yields them)."""
+        return tuple(self._reads)
+
     def next_group(self) -> G | None:
         """The next group; ``None`` at the end of the plan."""
         if not self._pulled and not self._pull():
@@ -173,14 +200,46 @@ class Feed(Generic[G, R]):
             yield self._reads.popleft()
 
 
+class Gate:
+    """Reads in flight at once, at most ``reads``, taken in the order they were issued.
+
+    Why apart from the read-ahead's budget: the budget bounds memory (samples requested
+    and not yet taken, e.g. the block shuffle's next buffer), the gate bounds the network
+    depth (GETs running). Reads issued within the budget wait here on the I/O loop, so a
+    read starts as soon as one ends, whether or not the consumer has taken anything since
+    (the read-ahead issues reads only when it is called). ``asyncio.Semaphore`` wakes its
+    waiters in order, so reads start in the order they were issued.
+    """
+
+    def __init__(self, reads: int) -> None:
+        self.reads = max(1, reads)
+        self._semaphore: asyncio.Semaphore | None = None  # made on the loop, on first use
+
+    async def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        if self._semaphore is None:
+            self._semaphore = asyncio.Semaphore(self.reads)
+        try:
+            async with self._semaphore:
+                return await coroutine
+        finally:
+            coroutine.close()  # never awaited if cancelled while waiting: no warning
+
+
 class ReadEdge(Protocol):
     """How reads are made: the sync edge or the async edge of the read-ahead."""
 
     #: Whether reads run while the consumer works (reads issued apart overlap).
     overlaps: bool
 
-    def read(self, source: SampleSource, reader: Any, requests: list[Any]) -> Handle:
-        """A read of ``requests`` from ``reader`` of ``source``."""
+    def read(
+        self, source: SampleSource, reader: Any, requests: list[Any], gate: Gate | None = None
+    ) -> Handle:
+        """A read of ``requests`` from ``reader`` of ``source``; with ``gate``, it waits for
+        a place among the gate's reads in flight."""
+
+    def gate(self, reads: int) -> Gate | None:
+        """At most ``reads`` reads made through it in flight at once (``None``: this edge
+        makes one read at a time anyway)."""
 
     def read_ahead(
         self, units: Iterator[ReadUnit[T]], read: Callable[[list[Any]], Handle], budget: int
@@ -193,8 +252,13 @@ class SyncEdge:
 
     overlaps = False
 
-    def read(self, source: SampleSource, reader: Any, requests: list[Any]) -> Deferred:
+    def read(
+        self, source: SampleSource, reader: Any, requests: list[Any], gate: Gate | None = None
+    ) -> Deferred:
         return Deferred(lambda: source.read_many_sync(reader, requests))
+
+    def gate(self, reads: int) -> Gate | None:
+        return None
 
     def read_ahead(
         self, units: Iterator[ReadUnit[T]], read: Callable[[list[Any]], Handle], budget: int
@@ -207,15 +271,41 @@ class AsyncEdge:
 
     overlaps = True
 
-    def __init__(self, tasks: IterationTasks) -> None:
+    def __init__(
+        self,
+        tasks: IterationTasks,
+        issued_last: Callable[[], None] | None = None,
+        *,
+        held: bool = False,
+    ) -> None:
         self._tasks = tasks
+        #: Called once the (first) read-ahead made on this edge has issued its last read.
+        self._issued_last = issued_last
+        #: Whether read-aheads made here issue nothing until :meth:`release`.
+        self._held = held
+        self._made: list[ReadAhead[Any]] = []
+
+    def release(self) -> None:
+        """Let the read-aheads made here issue their reads (on the consumer's thread)."""
+        self._held = False
+        for ahead in self._made:
+            ahead.release()
 
     def read(
-        self, source: SampleSource, reader: Any, requests: list[Any]
+        self, source: SampleSource, reader: Any, requests: list[Any], gate: Gate | None = None
     ) -> concurrent.futures.Future[list[Any]]:
-        return self._tasks.submit(source.read_many(reader, requests))
+        coroutine = source.read_many(reader, requests)
+        return self._tasks.submit(coroutine if gate is None else gate.run(coroutine))
+
+    def gate(self, reads: int) -> Gate | None:
+        return Gate(reads)
 
     def read_ahead(
         self, units: Iterator[ReadUnit[T]], read: Callable[[list[Any]], Handle], budget: int
     ) -> ReadAhead[T]:
-        return ReadAhead(units, read, budget=budget, first_alone=True)
+        done, self._issued_last = self._issued_last, None
+        ahead = ReadAhead(
+            units, read, budget=budget, first_alone=True, issued_last=done, held=self._held
+        )
+        self._made.append(ahead)
+        return ahead

@@ -214,6 +214,8 @@ class BlockShuffledSource(SampleSource, Protocol):
 
     #: Windows per run; chosen on the first :meth:`block_shuffle` unless given.
     run_windows: int | None
+    #: Runs per buffer (``K``); chosen on the first :meth:`block_shuffle` unless given.
+    buffer_runs: int | None
 
     def block_shuffle(self, num_samples: int, readers: int) -> BlockShuffle:
         """The block shuffle of an epoch of ``num_samples`` read by ``readers`` workers
