@@ -358,3 +358,54 @@ def test_counts_made_before_a_fork_stay_the_parents() -> None:
     assert child == repr((1, 1, 1))
     assert _process_totals() == before  # the parent's totals are its own
     assert before[2] >= 5
+
+
+# -- fetch_distinct: the direct path of a step's ranges in distinct objects -----------------
+
+
+def test_ranges_of_distinct_objects_cost_the_requests_fetch_makes() -> None:
+    requests = [RangeRequest("o3", 10, 400), RangeRequest("o1", 0, 64), RangeRequest("o5", 7, 9)]
+    planned, direct = make_store(), make_store()
+    planned_reader = RangeReader(planned, retry=FAST_RETRY)
+    direct_reader = RangeReader(direct, retry=FAST_RETRY)
+    expected = asyncio.run(planned_reader.fetch(requests))
+    got = asyncio.run(direct_reader.fetch_distinct(requests))
+    assert [bytes(d) for d in got] == [bytes(d) for d in expected]
+    assert [bytes(d) for d in got] == [direct.objects[r.key][r.start : r.end] for r in requests]
+    assert direct.calls == planned.calls == 3
+    assert direct_reader.stats.requests == 3 and direct_reader.stats.bytes == 390 + 64 + 2
+
+
+def test_ranges_sharing_an_object_or_over_the_bound_keep_the_plan() -> None:
+    store = make_store()
+    reader = RangeReader(store, coalesce_gap=100, retry=FAST_RETRY)
+    same = [RangeRequest("o1", 0, 100), RangeRequest("o1", 150, 300)]
+    data = asyncio.run(reader.fetch_distinct(same))
+    assert [bytes(d) for d in data] == [store.objects["o1"][0:100], store.objects["o1"][150:300]]
+    assert reader.stats.requests == 1  # coalesced, as fetch does
+    store.delay = 0.01
+    bounded = RangeReader(store, max_concurrency=2, retry=FAST_RETRY)
+    asyncio.run(bounded.fetch_distinct([RangeRequest(f"o{i}", 0, 10) for i in range(5)]))
+    assert store.max_in_flight == 2 and bounded.stats.requests == 5
+
+
+def test_a_failed_range_cancels_and_drains_the_others() -> None:
+    store = make_store()
+    reader = RangeReader(store, retry=FAST_RETRY)
+    real = store.get_range
+
+    async def first_fails_later(key: str, start: int, end: int) -> bytes:
+        if key == "o0":
+            await asyncio.sleep(0.02)
+            raise PermissionError("denied")
+        store.delay = 5.0  # the others stall until cancelled
+        return await real(key, start, end)
+
+    store.get_range = first_fails_later  # type: ignore[method-assign]
+
+    async def main() -> None:
+        with pytest.raises(StorageError, match="denied"):
+            await reader.fetch_distinct([RangeRequest(f"o{i}", 0, 4) for i in range(4)])
+        assert store.calls == 3 and store.in_flight == 0
+
+    asyncio.run(main())

@@ -190,6 +190,40 @@ class RangeReader:
             return (await fetch_through_cache(self, [request], None))[0]
         return await self._fetch_one(request, request.end - request.start)
 
+    async def fetch_distinct(
+        self, requests: Sequence[RangeRequest], *, max_concurrency: int | None = None
+    ) -> list[bytes | memoryview]:
+        """``fetch(requests)`` for ranges of distinct objects, without planning them.
+
+        No two ranges of distinct objects coalesce, so ``fetch`` would send exactly these
+        requests, one each; when they also fit the per-call bound, the plan (coalescing,
+        a semaphore, a closure and a task per range) is skipped: the first range is
+        fetched in this task while the others run as tasks of their own (a temporal
+        window's two field groups over S3: 148 -> 126 us of client CPU per window above
+        the HTTP client). A failure of the first cancels and drains the others, as
+        ``fetch`` does; a failure of another is raised once the first is done (within its
+        retry policy's bound). Anything else, and a reader with a byte cache, goes
+        through ``fetch``.
+        """
+        limit = max_concurrency or self.max_concurrency
+        if (
+            len(requests) > limit
+            or (self.cache is not None and self.cache.enabled)
+            or len({request.key for request in requests}) != len(requests)
+        ):
+            return await self.fetch(requests, max_concurrency=max_concurrency)
+        first, *rest = requests
+        tasks = [asyncio.ensure_future(self._fetch_one(r, r.end - r.start)) for r in rest]
+        try:
+            head = await self._fetch_one(first, first.end - first.start)
+            tail = await asyncio.gather(*tasks) if tasks else []
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        return [head, *tail]
+
     async def fetch(
         self,
         requests: Sequence[ByteRequest],

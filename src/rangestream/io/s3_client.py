@@ -94,6 +94,8 @@ class S3ReadClient:
         self._sizes: dict[tuple[str, str, str], int] = {}
         self._static = None if config.anon else static_credentials(config)
         self._signers: dict[str, SigV4Signer] = {}
+        #: (scheme, host) -> (proxy URL, proxy auth) from the environment, once per host
+        self._proxies: dict[tuple[str, str | None], tuple[Any, Any]] = {}
         ssl: Any = True
         if config.ca_bundle:  # the certificates botocore trusts for the same endpoint
             import ssl as ssl_module
@@ -103,7 +105,11 @@ class S3ReadClient:
             connector=aiohttp.TCPConnector(
                 limit=config.max_connections, limit_per_host=0, ttl_dns_cache=300, ssl=ssl
             ),
-            trust_env=True,  # HTTP(S)_PROXY / NO_PROXY, as botocore uses them
+            # Not aiohttp's trust_env: it looks up ~/.netrc in a thread-pool executor and the
+            # proxy environment in another thread (``asyncio.to_thread``) for every request,
+            # two thread handoffs per GET (about a third of a token window's client CPU, and
+            # the loop waits on both). The proxies are resolved once per host (``_proxy``).
+            trust_env=False,
             timeout=aiohttp.ClientTimeout(
                 total=None, sock_connect=config.connect_timeout, sock_read=config.read_timeout
             ),
@@ -228,6 +234,24 @@ class S3ReadClient:
             return f"{scheme}://{bucket}.{host}/{path}", region
         return f"{endpoint}/{quote(bucket)}/{path}", region
 
+    def _proxy(self, url: Any) -> tuple[Any, Any]:
+        """(proxy URL, its credentials) for ``url``, or ``(None, None)``: ``HTTP_PROXY`` /
+        ``HTTPS_PROXY`` / ``NO_PROXY`` (and a proxy's ``~/.netrc`` entry) as aiohttp's
+        ``trust_env`` reads them, once per scheme and host of this client, as botocore
+        reads them once per client. The target host's own ``~/.netrc`` entry is not used:
+        botocore does not use it, and its Basic auth cannot go with a SigV4 signature."""
+        key = (url.scheme, url.host)
+        found = self._proxies.get(key)
+        if found is None:
+            from aiohttp.helpers import get_env_proxy_for_url
+
+            try:
+                found = get_env_proxy_for_url(url)
+            except LookupError:  # no proxy for this URL, or NO_PROXY names its host
+                found = (None, None)
+            self._proxies[key] = found
+        return found
+
     def _signed(self, method: str, url: str, region: str, headers: dict[str, str]) -> Any:
         """``headers`` plus the SigV4 headers, as botocore's ``S3SigV4Auth`` would add them.
 
@@ -287,12 +311,16 @@ class S3ReadClient:
                     for name, value in sorted(query.items())
                 )
             signed = self._signed(method, url, region, headers)
+            target = self._url_class(url, encoded=True)
+            proxy, proxy_auth = self._proxy(target)
             try:
                 async with self._session.request(
                     method,
-                    self._url_class(url, encoded=True),
+                    target,
                     headers=signed,
                     allow_redirects=False,
+                    proxy=proxy,
+                    proxy_auth=proxy_auth,
                 ) as response:
                     status = response.status
                     answer_headers = response.headers

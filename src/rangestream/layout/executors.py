@@ -108,7 +108,7 @@ class RemoteExecutor:
         if direct is not None:
             requests = [request for _piece, request in direct]
             if len(requests) > 1:
-                datas = await self.reader.fetch(requests, max_concurrency=max_concurrency)
+                datas = await self.reader.fetch_distinct(requests, max_concurrency=max_concurrency)
             else:  # one range: no coalescing, no per-call bound to set up
                 datas = [await self.reader.fetch_range(requests[0])]
             damaged = self._finish_direct(direct, datas, refetch=True)
