@@ -170,3 +170,36 @@ def test_http_proxy_from_the_environment_carries_reads_unless_no_proxy_names_the
     expected = [] if bypassed else [f"{s3_server.endpoint_url}/{bucket_key}"] * 3
     assert forward_proxy.targets == expected
     assert reader.stats.requests == 3
+
+
+def test_a_plain_http_endpoint_loads_no_certificates(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``AWS_CA_BUNDLE`` is set on many clusters; loading it for an ``http://`` endpoint
+    cost every DataLoader worker's client about 30 ms and was never used."""
+    import ssl
+
+    from rangestream.io import s3_client
+    from rangestream.io.process import ProcessLocal
+    from rangestream.io.s3_client import S3ReadClient
+    from rangestream.io.s3_options import S3ReadConfig
+
+    monkeypatch.setattr(s3_client, "_contexts", ProcessLocal())  # none made yet
+
+    loaded: list[str | None] = []
+    real = ssl.create_default_context
+
+    def counting(*args: Any, **kwargs: Any) -> ssl.SSLContext:
+        loaded.append(kwargs.get("cafile"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ssl, "create_default_context", counting)
+    bundle = ssl.get_default_verify_paths().cafile or __file__
+
+    async def open_and_close(endpoint: str) -> None:
+        client = S3ReadClient(S3ReadConfig(endpoint, "us-east-1", anon=True, ca_bundle=bundle))
+        await client.aclose()
+
+    asyncio.run(open_and_close("http://127.0.0.1:9"))  # no request is made
+    assert loaded == []
+    for _ in range(3):  # an https endpoint trusts the bundle, loaded once per process
+        asyncio.run(open_and_close("https://s3.example.invalid"))
+    assert loaded.count(bundle) == 1

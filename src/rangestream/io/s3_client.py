@@ -30,6 +30,7 @@ from typing import Any
 from urllib.parse import quote
 from xml.etree import ElementTree
 
+from rangestream.io.process import ProcessLocal
 from rangestream.io.range_answers import needs_object_size, ranged_body, suffix_body
 from rangestream.io.retry import ShortReadError, WrongRangeError
 from rangestream.io.s3_options import S3ReadConfig, chain_credentials, static_credentials
@@ -70,6 +71,30 @@ class S3RequestError(OSError):
 # -- the client --------------------------------------------------------------------------
 
 
+def _plain_http(endpoint_url: str | None) -> bool:
+    """Whether every request goes to an ``http://`` endpoint, where no certificate is read."""
+    return endpoint_url is not None and endpoint_url.lower().startswith("http://")
+
+
+#: ca_bundle path -> its SSL context, made once per process (about 30 ms to load a bundle)
+_contexts = ProcessLocal[dict[str, Any]]()
+
+
+def _trusting(ca_bundle: str) -> Any:
+    """An SSL context trusting ``ca_bundle``, shared by the process's clients.
+
+    Each DataLoader worker opens its own client (one per loop): loading the system's bundle
+    for each took about 30 ms of a worker's start, also for a plain ``http://`` endpoint
+    (``AWS_CA_BUNDLE`` is set on many clusters), where no certificate is ever checked.
+    """
+    import ssl
+
+    contexts = _contexts.get_or_make(dict)
+    if ca_bundle not in contexts:
+        contexts[ca_bundle] = ssl.create_default_context(cafile=ca_bundle)
+    return contexts[ca_bundle]
+
+
 class S3ReadClient:
     """Signed range GETs and HEADs over one aiohttp session, bound to the loop that made it.
 
@@ -97,10 +122,8 @@ class S3ReadClient:
         #: (scheme, host) -> (proxy URL, proxy auth) from the environment, once per host
         self._proxies: dict[tuple[str, str | None], tuple[Any, Any]] = {}
         ssl: Any = True
-        if config.ca_bundle:  # the certificates botocore trusts for the same endpoint
-            import ssl as ssl_module
-
-            ssl = ssl_module.create_default_context(cafile=config.ca_bundle)
+        if config.ca_bundle and not _plain_http(config.endpoint_url):
+            ssl = _trusting(config.ca_bundle)  # the certificates botocore trusts there
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(
                 limit=config.max_connections, limit_per_host=0, ttl_dns_cache=300, ssl=ssl

@@ -233,7 +233,10 @@ _UNREPRODUCED_S3_SETTINGS = frozenset(
     {"use_accelerate_endpoint", "use_dualstack_endpoint", "use_arn_region",
      "us_east_1_regional_endpoint", "s3_disable_multiregion_access_points"}
 )  # fmt: skip
-_configurations = ProcessLocal[dict[tuple[tuple[str, str], ...], Any]]()
+#: environment -> its resolved configuration. A plain dict, not ``ProcessLocal``: the values
+#: are plain data, so forked DataLoader workers keep the parent's (resolving it again cost
+#: each worker a botocore session, 10-90 ms of its start); a changed environment is a new key.
+_configurations: dict[tuple[tuple[str, str], ...], BotocoreConfiguration | None] = {}
 
 
 def botocore_configuration() -> BotocoreConfiguration | None:
@@ -247,10 +250,9 @@ def botocore_configuration() -> BotocoreConfiguration | None:
     endpoint...). Resolved once per process and environment.
     """
     environment = _aws_environment()
-    cache = _configurations.get_or_make(dict)
-    if environment not in cache:
-        cache[environment] = _resolve_botocore_configuration()
-    return cache[environment]  # type: ignore[no-any-return]
+    if environment not in _configurations:
+        _configurations[environment] = _resolve_botocore_configuration()
+    return _configurations[environment]
 
 
 def _aws_environment() -> tuple[tuple[str, str], ...]:
