@@ -30,7 +30,7 @@ from benchmarks.config import (
 )
 from benchmarks.ingest import RESULTS as INGEST_RESULTS
 from benchmarks.ingest import VOCAB_SIZE
-from benchmarks.measure import Measurement, WorkloadResult
+from benchmarks.measure import LANE_WINDOWS, Measurement, WorkloadResult
 from benchmarks.report_targets import issue30_targets
 from benchmarks.s3_ceiling import CLIENTS, best_replay, repeat_ratios, replay_rate
 from benchmarks.workloads import TOKEN_DTYPE
@@ -945,6 +945,10 @@ def write(results_path: Path, md_path: Path | None = None, png_path: Path | None
         f"- Each figure: median of {budget['repeats']} repeats of ~{budget['repeat_seconds']} s "
         f"after {budget['warmup_seconds']} s of warm-up (min{DASH}max in brackets); a repeat reads "
         "windows further along the list than the previous one.",
+        "- *conc.* c: how many windows a system's concurrent read keeps in flight. It is "
+        f"called with at least {LANE_WINDOWS} windows per lane (c x {LANE_WINDOWS} window ids "
+        "per call, more while calls are fast): a call ends on its slowest window, a barrier "
+        "a training loop's prefetching does not have; every system is called the same way.",
         "- *vs limit*: local rows against raw numpy memmap slicing of the same bytes; S3 rows "
         "against the S3 ceiling of that very row: the exact GETs it made (same objects, same "
         "byte ranges, same order, repeat by repeat) replayed by a bare client at the same "
