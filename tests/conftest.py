@@ -24,4 +24,5 @@ pytest_plugins = (
     "support.s3",
     "support.tokenizers",
     "support.cloud",  # after support.s3, which it imports
+    "support.ordering",  # the slowest modules first, for the parallel run
 )

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import io
 import json
 import os
 import signal
 import subprocess
 import sys
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,10 +33,12 @@ from support.s3 import Location
 
 from rangestream import StreamNumpyFormat, StreamStorage
 from rangestream.cli.main import main
+from rangestream.io.process import run_blocking
 from rangestream.io.retry import RetryPolicy
 from rangestream.io.retrying_store import RetryingStore
 from rangestream.io.stores import open_store
 from rangestream.storage.core.kill_points import ENVIRONMENT, POINTS
+from testkit import S3Endpoint
 
 SEQ = StreamNumpyFormat(np.dtype([("sequence", "<u2")]))
 
@@ -91,7 +95,7 @@ async def _copy(source: Location, target: Location, prefixes: tuple[str, ...] = 
 
 def copy_store(source: Location, target: Location, prefixes: tuple[str, ...] = ("",)) -> None:
     """Copy the objects of ``source`` (those under ``prefixes``) to ``target``."""
-    asyncio.run(_copy(source, target, prefixes))
+    run_blocking(_copy(source, target, prefixes))
 
 
 def read_key(location: Location, key: str) -> bytes:
@@ -102,7 +106,7 @@ def read_key(location: Location, key: str) -> bytes:
         finally:
             await store.aclose()
 
-    return asyncio.run(get())
+    return run_blocking(get())
 
 
 def put_key(location: Location, key: str, data: bytes) -> None:
@@ -113,7 +117,7 @@ def put_key(location: Location, key: str, data: bytes) -> None:
         finally:
             await store.aclose()
 
-    asyncio.run(put())
+    run_blocking(put())
 
 
 def stored_tokens(location: Location) -> list[int]:
@@ -193,6 +197,33 @@ def make_scene(location: Location, tmp_path: Path) -> Scene:
     return scene
 
 
+@pytest.fixture(scope="module")
+def local_template(tmp_path_factory: pytest.TempPathFactory) -> Scene:
+    """The two committed versions on local disk, written once for the module's cases."""
+    base = tmp_path_factory.mktemp("kill-points-template")
+    return make_scene(Location(str(base / "ds"), {}), base)
+
+
+@pytest.fixture(scope="module")
+def s3_template(
+    s3_server: S3Endpoint, s3_bucket: str, tmp_path_factory: pytest.TempPathFactory
+) -> Scene:
+    """The two committed versions on S3, written once for the module's cases."""
+    url = f"s3://{s3_bucket}/kill-points-template-{uuid.uuid4().hex[:8]}/ds"
+    base = tmp_path_factory.mktemp("kill-points-template-s3")
+    return make_scene(Location(url, s3_server.storage_options), base)
+
+
+def scene_copy(template: Scene, location: Location) -> Scene:
+    """``template``'s dataset copied to ``location``: the same objects, so the same
+    committed versions (ids, roots, tokens); inputs and texts are only read."""
+    copy_store(template.location, location)
+    scene = copy.deepcopy(template)
+    scene.location = location
+    assert committed(location) == committed(template.location)
+    return scene
+
+
 def kill_convert(scene: Scene, point: str) -> None:
     """Overwrite the dataset with input C in a child that SIGKILLs itself at ``point``."""
     location = scene.location
@@ -243,9 +274,10 @@ def follow_up(scene: Scene, name: str, before: str) -> None:
 
 @pytest.mark.parametrize("point", POINTS)
 def test_a_convert_killed_at_each_step_loses_nothing_committed(
-    point: str, location: Location, tmp_path: Path
+    point: str, location: Location, request: pytest.FixtureRequest
 ) -> None:
-    scene = make_scene(Location(location.child("ds"), location.storage_options), tmp_path)
+    template: Scene = request.getfixturevalue("s3_template" if location.is_s3 else "local_template")
+    scene = scene_copy(template, Location(location.child("ds"), location.storage_options))
     kill_convert(scene, point)
     if point in ("root-published", "committed"):
         # the kill came after the publication: C is a committed version

@@ -12,6 +12,7 @@ loader refuses, naming the variables and ``init_process_group``; explicit ``rank
 from __future__ import annotations
 
 import json
+import multiprocessing.forkserver
 import os
 import pickle
 from pathlib import Path
@@ -141,6 +142,10 @@ def test_a_loader_built_before_the_ranks_shards_by_them_with_any_worker_start(
         multiprocessing_context=method,
     )  # fmt: skip
     no_launcher.setenv("GLOO_SOCKET_IFNAME", "lo")
+    # A forkserver that an earlier test started in this pytest process is not the ranks'
+    # own: a rank forked from here inherits its pid, cannot wait on it (not its child) and
+    # fails to start a worker. A training script has none before its ranks; stop it.
+    multiprocessing.forkserver._forkserver._stop()
     torch.multiprocessing.start_processes(
         run_rank, args=(pickle.dumps(loader), method, free_port(), str(tmp_path)), nprocs=2,
         join=True, start_method="fork",

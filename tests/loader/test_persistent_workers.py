@@ -28,10 +28,11 @@ import pytest
 import torch
 
 from rangestream import StreamNumpyFormat, StreamStorage
-from rangestream.loader import StatefulDataLoader, stack_collate
+from rangestream.loader import StatefulDataLoader
 from testkit import S3Endpoint
 
 from .expected import epoch_order
+from .worker_parts import note_start, tagged
 
 METHODS = ["fork", "spawn", "forkserver"]
 TOKENS = np.dtype([("tokens", "<i4")])
@@ -73,16 +74,6 @@ def s3_tokens(s3_server: S3Endpoint, s3_bucket: str) -> tuple[str, dict[str, Any
     url = f"s3://{s3_bucket}/persistent-{uuid.uuid4().hex[:8]}"
     options = s3_server.storage_options
     return url, options, write_tokens(url, options)
-
-
-def tagged(samples: list[Any]) -> dict[str, Any]:
-    """The batch and the process that built it."""
-    return {"tokens": stack_collate(samples)["tokens"], "pid": os.getpid()}
-
-
-def note_start(directory: str, worker_id: int) -> None:
-    """``worker_init_fn``: one file per worker process started (its pid, its id)."""
-    Path(directory, f"{os.getpid()}-{worker_id}").touch()
 
 
 def started(directory: Path) -> list[int]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,68 +48,16 @@ from rangestream.loader import (
     VarlenCollate,
     stack_collate,
 )
-from rangestream.types import StreamWithMetaStorageFormat
 from testkit import S3Endpoint
+
+# what the workers rebuild from a pickle lives in a light module: see worker_parts
+from .worker_parts import CountsView, RunFormat, Tagged, runs_collate
 
 METHODS = ["fork", "spawn", "forkserver"]
 TOKENS = np.dtype([("tokens", "<i4"), ("loss_mask", "u1")])
 SMALL = {"chunk_bytes": 64, "block_bytes": 1024}  # windows cross chunks and blocks
 SEQUENCE = 16
 BATCH = 4
-
-
-# -- what the workers must rebuild from a pickle: a user's format, dataset and collate -------
-
-
-class RunFormat(StreamWithMetaStorageFormat[dict, dict, np.int32]):
-    """Tokens whose record carries one payload (its number) over all its elements."""
-
-    def __init__(self) -> None:
-        super().__init__(np.dtype("<i4"))
-
-    def size(self, data: dict) -> int:
-        return len(data["tokens"])
-
-    def pack(self, data: dict) -> Any:
-        tokens = np.asarray(data["tokens"], dtype=self.stream_dtype)
-        payload = str(data["record"]).encode()
-        for _ in range(len(tokens)):
-            yield data["record"], payload
-        return tokens
-
-    def unpack(self, stream: np.ndarray, shards: Any, indexes: Any, payloads: Any) -> dict:
-        return {"tokens": stream, "records": [bytes(payload).decode() for payload in payloads]}
-
-
-def runs_collate(samples: Sequence[dict]) -> dict[str, Any]:
-    return {"tokens": stack_collate([s["tokens"] for s in samples]),
-            "records": [s["records"] for s in samples]}  # fmt: skip
-
-
-class CountsView:
-    """A user's temporal dataset in the loader's ``TemporalStorage`` protocol: it keeps the
-    storage's lazy ``frame_counts`` (which holds the opened index and its lock)."""
-
-    def __init__(self, storage: TemporalArrayStorage) -> None:
-        self.storage = storage
-        self.frame_counts = storage.frame_counts
-        assert len(self.frame_counts) > 0  # opened here, in the main process
-
-    def read_window(self, record: int, start: int, frames: int, fields: Any = None) -> Any:
-        return self.storage.read_window(record, start, frames, fields)
-
-    async def aread_window(self, record: int, start: int, frames: int, fields: Any = None) -> Any:
-        return await self.storage.aread_window(record, start, frames, fields)
-
-
-@dataclass(frozen=True)
-class Tagged:
-    """A collate that also says which process built the batch."""
-
-    inner: Callable[[Sequence[Any]], Any] = stack_collate
-
-    def __call__(self, samples: Sequence[Any]) -> dict[str, Any]:
-        return {"batch": self.inner(samples), "pid": os.getpid()}
 
 
 def plain(value: Any) -> Any:
