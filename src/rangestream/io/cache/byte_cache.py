@@ -13,6 +13,7 @@ Layout of a cache directory::
 
     LOCK  SIZE  STATS                       flock'ed lock; accounted bytes; hit counts (JSON)
     tmp/<pid>-<random>-<nbytes>             entries being written (renamed into place)
+    leases/<pid>-<random>-<nbytes>          slabs of budget held by live processes (``budget``)
     claims/<object tag>-<start>-<end>-<random>    ranges being fetched (``claims``)
     <dataset id>/URL                        the dataset's URL, for ``rangestream cache``
     <dataset id>/<commit>/<object>/r<start>-<end>   a fetched range of one object
@@ -29,7 +30,8 @@ entry. The first time a process uses an entry it reads it whole and checks its l
 CRC; a bad entry is deleted, counted (``cache_dropped``) and the range fetched again. The
 executors check every inner chunk's crc32c on the bytes handed out, as for remote reads.
 
-Bound: see ``budget``: entry files never total more than ``cache_bytes``. Two processes
+Bound: see ``budget``: entry files never total more than ``cache_bytes``; a process
+reserves budget a slab at a time, so most entries it writes touch no shared file. Two processes
 missing the same range at once fetch it once: the first claims it (``claims``) and the
 second waits for its entry; at worst (a claim older than a minute, a suffix) twice, never
 torn: the second rename replaces the first.
@@ -50,10 +52,22 @@ import os
 import threading
 import time
 import warnings
+import weakref
+from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
 
-from rangestream.io.cache.budget import LOW_WATER, evict, locked, scan_entries, write_size
+from rangestream.io.cache.budget import (
+    LEASES,
+    LOW_WATER,
+    evict,
+    hold_lease,
+    locked,
+    release_lease,
+    scan_entries,
+    slab_bytes,
+    write_size,
+)
 from rangestream.io.cache.budget import read_size as _read_size
 from rangestream.io.cache.claims import (
     CLAIMS,
@@ -105,7 +119,7 @@ class ByteCache:
         self.directory = Path(directory)
         self.budget = budget
         self.enabled = True
-        self._entries = EntryReader(self._drop)
+        self._entries = EntryReader(_weak_drop(self))
         self._known_urls: set[str] = set()
         #: hits, misses, bytes served, entries dropped: not yet added to STATS.
         self._pending = [0, 0, 0, 0]
@@ -113,9 +127,13 @@ class ByteCache:
         self._flushed_at = time.monotonic()
         #: This process's claims being fetched: fd -> path (closed in a forked child).
         self._held: dict[int, str] = {}
+        #: Budget reserved and not yet written (``budget``), and the lease backing it.
+        self._slab = 0
+        self._lease: tuple[str, int] | None = None
+        self._slab_mutex = threading.Lock()
         self.directory.mkdir(parents=True, exist_ok=True)
-        (self.directory / "tmp").mkdir(exist_ok=True)
-        (self.directory / CLAIMS).mkdir(exist_ok=True)
+        for child in ("tmp", CLAIMS, LEASES):
+            (self.directory / child).mkdir(exist_ok=True)
 
     # -- reading --------------------------------------------------------------------------
     def lookup(self, url: str, request: ByteRequest, counts: list[int]) -> bytes | None:
@@ -282,7 +300,8 @@ class ByteCache:
         temp = temp_path(self.directory, nbytes)
         try:
             self._remember_url(url)
-            self._reserve(nbytes, temp)
+            if not self._reserve(nbytes):
+                return  # no room even after eviction (others' slabs and writes): not kept
         except OSError as error:
             self._disable(f"making room in {self.directory}", error)
             return
@@ -290,15 +309,19 @@ class ByteCache:
             with open(temp, "wb") as file:
                 file.write(entry_header(data))
                 file.write(data)
-            folder.mkdir(parents=True, exist_ok=True)
             final = folder / entry_name(request)
-            os.replace(temp, final)  # checked on first use, even by this process
+            try:
+                os.replace(temp, final)  # a new name: no flush (checked on first use)
+            except FileNotFoundError:
+                folder.mkdir(parents=True, exist_ok=True)
+                os.replace(temp, final)
         except OSError as error:
             # the cache is being turned off for this process: a failed clean-up of its
             # own temp file leaves at most that file, which the next eviction scan removes
             with suppress(OSError):
                 temp.unlink(missing_ok=True)
-                self._release(nbytes)
+            with self._slab_mutex:
+                self._slab += nbytes  # not written: back to the slab, handed back below
             self._disable(f"writing {temp}", error)
 
     def _remember_url(self, url: str) -> None:
@@ -313,22 +336,51 @@ class ByteCache:
             os.replace(temp, marker)
         self._known_urls.add(url)
 
-    def _reserve(self, nbytes: int, temp: Path) -> None:
-        """Account ``nbytes`` about to be written to ``temp``, evicting LRU entries for room.
+    def _reserve(self, nbytes: int) -> bool:
+        """Take ``nbytes`` of budget for an entry about to be written; whether there was room.
 
-        ``temp`` is made under the lock, so a scan by another process counts it from then on.
+        Out of this process's slab when it holds enough (no shared file touched), else a
+        new slab is reserved under the lock, evicting LRU entries for room (``budget``).
         """
-        with locked(self.directory):
-            used = _read_size(self.directory)
-            if used + nbytes > self.budget:
-                target = int(self.budget * LOW_WATER) - nbytes
-                used = evict(self.directory, target, self._entries.verified)
-            write_size(self.directory, used + nbytes)
-            temp.touch()
+        with self._slab_mutex:
+            if self._slab >= nbytes:
+                self._slab -= nbytes
+                return True
+            with locked(self.directory):
+                used = _read_size(self.directory) - self._slab  # what is left goes back
+                if self._lease is not None:
+                    release_lease(*self._lease)
+                    self._lease, self._slab = None, 0
+                slab = slab_bytes(self.budget, nbytes)
+                if used + slab > self.budget:
+                    target = int(self.budget * LOW_WATER) - slab
+                    used = evict(self.directory, target, self._entries.verified)
+                    if used + slab > self.budget:
+                        slab = max(nbytes, self.budget - used)  # a smaller slab fits
+                        if used + slab > self.budget:
+                            write_size(self.directory, used)
+                            return False
+                self._lease = hold_lease(self.directory, slab)
+                write_size(self.directory, used + slab)
+                self._slab = slab - nbytes
+                return True
 
-    def _release(self, nbytes: int) -> None:
-        with locked(self.directory):
-            write_size(self.directory, max(0, _read_size(self.directory) - nbytes))
+    def hand_back(self) -> None:
+        """Give the unwritten rest of this process's slab back to the directory (at exit,
+        when the cache is turned off): others may use it before the next scan."""
+        with self._slab_mutex:
+            if self._lease is None:
+                return
+            with suppress(OSError), locked(self.directory):
+                write_size(self.directory, _read_size(self.directory) - self._slab)
+                release_lease(*self._lease)
+            self._lease, self._slab = None, 0
+
+    def __del__(self) -> None:
+        # a cache object let go of (a test, a reader's own cache) frees its slab and lease
+        # descriptor now rather than at the next scan
+        with suppress(Exception):
+            self.hand_back()
 
     def _drop(self, path: Path, size: int) -> None:
         """Delete a damaged entry (counted), so the range is fetched again."""
@@ -369,6 +421,7 @@ class ByteCache:
         if not self.enabled:
             return
         self.enabled = False
+        self.hand_back()
         full = " (the disk is full)" if error.errno == errno.ENOSPC else ""
         warnings.warn(
             f"rangestream: the byte cache at {self.directory} is off for this process: "
@@ -387,3 +440,22 @@ class ByteCache:
             with suppress(OSError):
                 os.close(fd)
         self._held = {}
+        # the parent's slab is the parent's to spend: the child reserves its own
+        self._slab_mutex = threading.Lock()
+        if self._lease is not None:
+            with suppress(OSError):
+                os.close(self._lease[1])
+        self._lease, self._slab = None, 0
+
+
+def _weak_drop(cache: ByteCache) -> Callable[[Path, int], None]:
+    """``cache._drop`` without a reference to ``cache`` (no cycle: a cache let go of is
+    freed at once, and hands back its slab)."""
+    ref = weakref.ref(cache)
+
+    def drop(path: Path, size: int) -> None:
+        found = ref()
+        if found is not None:
+            found._drop(path, size)
+
+    return drop
