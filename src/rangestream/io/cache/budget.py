@@ -40,7 +40,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from rangestream.io.cache.claims import CLAIMS
+from rangestream.io.cache.claims import CLAIMS, LOCKS
 
 __all__ = [
     "LEASES",
@@ -202,8 +202,10 @@ def scan_entries(directory: Path) -> tuple[list[tuple[float, int, Path]], int]:
         except FileNotFoundError:
             continue
         temps += int(temp.name.rsplit("-", 1)[-1] or 0)
-    with suppress(FileNotFoundError):  # claims of processes that died long ago
+    with suppress(FileNotFoundError):  # claim files of older versions, left by dead processes
         for claim in os.scandir(directory / CLAIMS):
+            if claim.name == LOCKS:  # the claims' lock file: it must stay (``claims``)
+                continue
             with suppress(FileNotFoundError):
                 if now - claim.stat().st_mtime > STALE_TEMP_SECONDS:
                     os.unlink(claim.path)

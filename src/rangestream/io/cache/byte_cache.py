@@ -14,7 +14,7 @@ Layout of a cache directory::
     LOCK  SIZE  STATS                       flock'ed lock; accounted bytes; hit counts (JSON)
     tmp/<pid>-<random>-<nbytes>             entries being written (renamed into place)
     leases/<pid>-<random>-<nbytes>          slabs of budget held by live processes (``budget``)
-    claims/<object tag>-<start>-<end>-<random>    ranges being fetched (``claims``)
+    claims/LOCKS                            byte-range locks: ranges being fetched (``claims``)
     <dataset id>/URL                        the dataset's URL, for ``rangestream cache``
     <dataset id>/<commit>/<object>/r<start>-<end>   a fetched range of one object
     <dataset id>/<commit>/<object>/s<n>              its last n bytes (a chunk index)
@@ -71,10 +71,11 @@ from rangestream.io.cache.budget import (
 from rangestream.io.cache.budget import read_size as _read_size
 from rangestream.io.cache.claims import (
     CLAIMS,
+    Claim,
     ClaimedParts,
     claim_free_parts,
     claim_is_live,
-    release_claim,
+    open_locks,
 )
 from rangestream.io.cache.counts import add_to_stats, read_stats
 from rangestream.io.cache.entries import (
@@ -125,8 +126,10 @@ class ByteCache:
         self._pending = [0, 0, 0, 0]
         self._mutex = threading.Lock()
         self._flushed_at = time.monotonic()
-        #: This process's claims being fetched: fd -> path (closed in a forked child).
-        self._held: dict[int, str] = {}
+        #: This process's claims being fetched: fd -> claim (closed in a forked child), and
+        #: a descriptor of ``claims/LOCKS`` to look at others' claims with (no lock on it).
+        self._held: dict[int, Claim] = {}
+        self._probe: int | None = None
         #: Budget reserved and not yet written (``budget``), and the lease backing it.
         self._slab = 0
         self._lease: tuple[str, int] | None = None
@@ -260,8 +263,7 @@ class ByteCache:
         parts = ClaimedParts()
         folders = [self._object_folder(url, request.key) for request in ranges]
         try:
-            with locked(self.directory):
-                claim_free_parts(self.directory, folders, ranges, parts)
+            claim_free_parts(self.directory, folders, ranges, parts)
         except OSError as error:
             self._track(parts)
             self.release(parts)
@@ -272,21 +274,22 @@ class ByteCache:
 
     def _track(self, parts: ClaimedParts) -> None:
         """Note the claims of ``parts`` as this process's (closed in a forked child)."""
-        for path, fd in parts.held:
-            self._held[fd] = path
+        for claim, fd in parts.held:
+            self._held[fd] = claim
 
     def release(self, parts: ClaimedParts) -> None:
         """Release this process's claims of ``parts`` (after keeping what they fetched)."""
-        for path, fd in parts.held:
+        for _claim, fd in parts.held:
             if self._held.pop(fd, None) is not None:
-                with suppress(OSError):  # a claim left behind is ignored once unlocked
-                    release_claim(path, fd)
+                with suppress(OSError):
+                    os.close(fd)  # drops the lock
         parts.held = []
 
-    @staticmethod
-    def claim_is_live(path: str) -> bool:
-        """Whether another process still fetches the range of the claim at ``path``."""
-        return claim_is_live(path)
+    def claim_is_live(self, claim: Claim) -> bool:
+        """Whether another process (or another claim of this one) still locks ``claim``."""
+        if self._probe is None:
+            self._probe = open_locks(self.directory)
+        return claim_is_live(self._probe, claim)
 
     # -- writing --------------------------------------------------------------------------
     def store(self, url: str, request: ByteRequest, data: bytes | memoryview) -> None:
