@@ -2,8 +2,9 @@
 
 A cold epoch with the cache on makes the requests it makes without one (``cache_epochs``
 counts them at the proxy), so what it can add is local work per fetch call: the lookup
-(a miss), the claim (a lock file under ``flock`` and listings of the object's folder), the
-entry written and renamed, the claim released. Timing whole epochs over S3 on a shared
+(a miss), the claim (byte-range locks on ``claims/LOCKS`` and a listing of the object's
+folder), the entry written and renamed, the claim released, and now and then a slab of
+budget reserved under the directory's lock. Timing whole epochs over S3 on a shared
 machine leaves that work inside the noise of the network (repeats differ by 2x there);
 this measures it apart: the same fetch calls of a reader over an in-memory store, with a
 fresh cache and without one, interleaved, so the difference is the cache's own cost per
