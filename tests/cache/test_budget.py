@@ -35,12 +35,13 @@ def entry_bytes(directory: Path) -> int:
 
 
 def test_most_entries_touch_no_shared_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = ByteCache(tmp_path, 64 * BUDGET)  # no eviction: slabs of 1/64 of it
+    assert read_size(tmp_path) == 0 and (tmp_path / "SIZE").exists()  # made at once
     writes: list[int] = []
     real = byte_cache_module.write_size
     monkeypatch.setattr(
         byte_cache_module, "write_size", lambda d, n: (writes.append(n), real(d, n))[1]
     )
-    cache = ByteCache(tmp_path, 64 * BUDGET)  # no eviction: slabs of 1/64 of it
     slab = 64 * BUDGET // SLAB_FRACTION
     per_slab = slab // ENTRY
     for number in range(3 * per_slab + 1):

@@ -91,3 +91,17 @@ def test_a_forked_child_does_not_keep_its_parents_claims_alive(tmp_path: Path) -
     finally:
         os.write(write, b"x")
         os.waitpid(pid, 0)
+
+
+def test_entries_kept_later_are_hits_at_once_and_released_once_written(tmp_path: Path) -> None:
+    cache, other = ByteCache(tmp_path, 1 << 20), ByteCache(tmp_path, 1 << 20)
+    parts = cache.claim(URL, [RangeRequest(KEY, 0, 500)])
+    assert parts.mine == [RangeRequest(KEY, 0, 500)]
+    cache.keep_later(URL, [(RangeRequest(KEY, 0, 500), OBJECT[:500])], parts)
+    counts = [0, 0, 0, 0]
+    # this process waits for its own queued entry: a hit, not a miss
+    assert cache.lookup(URL, RangeRequest(KEY, 100, 200), counts) == OBJECT[100:200]
+    assert counts == [1, 0, 100, 0]
+    cache.drain()
+    later = other.claim(URL, [RangeRequest(KEY, 0, 500)])
+    assert later.mine == [] and later.theirs == [RangeRequest(KEY, 0, 500)] and not later.awaited

@@ -89,6 +89,7 @@ from rangestream.io.cache.entries import (
     temp_path,
 )
 from rangestream.io.cache.reading import EntryReader, Pieces
+from rangestream.io.cache.writer import EntryWriter
 from rangestream.io.ranges import ByteRequest, RangeRequest
 
 __all__ = [
@@ -120,7 +121,8 @@ class ByteCache:
         self.directory = Path(directory)
         self.budget = budget
         self.enabled = True
-        self._entries = EntryReader(_weak_drop(self))
+        self._entries = EntryReader(_weak(self, "_drop"))
+        self._writer = EntryWriter()
         self._known_urls: set[str] = set()
         #: hits, misses, bytes served, entries dropped: not yet added to STATS.
         self._pending = [0, 0, 0, 0]
@@ -137,6 +139,10 @@ class ByteCache:
         self.directory.mkdir(parents=True, exist_ok=True)
         for child in ("tmp", CLAIMS, LEASES):
             (self.directory / child).mkdir(exist_ok=True)
+        if not (self.directory / "SIZE").exists():  # there from the start, for every reader
+            with locked(self.directory):
+                if not (self.directory / "SIZE").exists():
+                    write_size(self.directory, 0)
 
     # -- reading --------------------------------------------------------------------------
     def lookup(self, url: str, request: ByteRequest, counts: list[int]) -> bytes | None:
@@ -151,6 +157,7 @@ class ByteCache:
             return pieces[0][1] if len(pieces) == 1 else b"".join(p for _, p in pieces)
         if not self.enabled:
             return None
+        self._writer.wait_for(request.key)
         before = self._pending[3]
         folder = self._object_folder(url, request.key)
         try:
@@ -188,6 +195,7 @@ class ByteCache:
 
     def _pieces(self, url: str, request: RangeRequest, counts: list[int]) -> Pieces:
         """The pieces and holes of a range (an error reading turns the cache off: a miss)."""
+        self._writer.wait_for(request.key)  # what this process is still writing
         before = self._pending[3]
         folder = self._object_folder(url, request.key)
         try:
@@ -292,6 +300,20 @@ class ByteCache:
         return claim_is_live(self._probe, claim)
 
     # -- writing --------------------------------------------------------------------------
+    def keep_later(
+        self, url: str, entries: list[tuple[ByteRequest, bytes | memoryview]], parts: ClaimedParts
+    ) -> None:
+        """Keep ``entries`` (what one fetch call fetched) and then release ``parts``, on this
+        cache's writer thread (``writer``): the call does not wait for the files."""
+        if not self.enabled:
+            self.release(parts)
+            return
+        self._writer.submit(self, url, entries, parts)
+
+    def drain(self) -> None:
+        """Wait until every entry handed to ``keep_later`` is written."""
+        self._writer.drain()
+
     def store(self, url: str, request: ByteRequest, data: bytes | memoryview) -> None:
         """Keep the bytes fetched for ``request`` (a coalesced range, a suffix, an object)."""
         if not self.enabled:
@@ -383,6 +405,7 @@ class ByteCache:
         # a cache object let go of (a test, a reader's own cache) frees its slab and lease
         # descriptor now rather than at the next scan
         with suppress(Exception):
+            self._writer.drain()
             self.hand_back()
 
     def _drop(self, path: Path, size: int) -> None:
@@ -443,6 +466,7 @@ class ByteCache:
             with suppress(OSError):
                 os.close(fd)
         self._held = {}
+        self._writer.reset_after_fork()
         # the parent's slab is the parent's to spend: the child reserves its own
         self._slab_mutex = threading.Lock()
         if self._lease is not None:
@@ -451,14 +475,14 @@ class ByteCache:
         self._lease, self._slab = None, 0
 
 
-def _weak_drop(cache: ByteCache) -> Callable[[Path, int], None]:
-    """``cache._drop`` without a reference to ``cache`` (no cycle: a cache let go of is
+def _weak(cache: ByteCache, name: str) -> Callable[..., None]:
+    """``cache.<name>`` without a reference to ``cache`` (no cycle: a cache let go of is
     freed at once, and hands back its slab)."""
     ref = weakref.ref(cache)
 
-    def drop(path: Path, size: int) -> None:
+    def call(*args: object) -> None:
         found = ref()
         if found is not None:
-            found._drop(path, size)
+            getattr(found, name)(*args)
 
-    return drop
+    return call

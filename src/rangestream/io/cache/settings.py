@@ -17,6 +17,7 @@ import re
 import shutil
 
 from rangestream.io.cache.byte_cache import ByteCache
+from rangestream.io.cache.writer import drain_all
 from rangestream.io.process import after_fork
 
 __all__ = ["CACHE_BYTES_ENV", "CACHE_DIR_ENV", "cache_for", "flush_stats", "parse_budget"]
@@ -84,7 +85,8 @@ def flush_stats() -> None:
 
 
 def _at_exit() -> None:
-    """Add the last counts and hand back the unwritten rest of each cache's slab."""
+    """Write what is queued, add the last counts, hand back each cache's unwritten slab."""
+    drain_all()
     for cache in list(_caches.values()):
         cache.flush_stats()
         cache.hand_back()
@@ -99,4 +101,4 @@ def _after_fork_in_child() -> None:
 
 
 atexit.register(_at_exit)
-after_fork(in_child=_after_fork_in_child)
+after_fork(in_child=_after_fork_in_child, before=drain_all)
