@@ -211,6 +211,7 @@ class ByteCache:
         damaged after the entry's first check, so the next read fetches them again."""
         if not self.enabled or not is_cacheable_key(request.key):
             return
+        self._writer.wait_for(request.key)  # entries of it still queued are dropped too
         before = self._pending[3]
         folder = self._object_folder(url, request.key)
         try:
