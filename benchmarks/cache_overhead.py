@@ -2,8 +2,10 @@
 
 A cold epoch with the cache on makes the requests it makes without one (``cache_epochs``
 counts them at the proxy), so what it can add is local work per fetch call: the lookup
-(a miss), the claim (a lock file under ``flock`` and listings of the object's folder), the
-entry written and renamed, the claim released. Timing whole epochs over S3 on a shared
+(a miss), the claim (byte-range locks on ``claims/LOCKS`` and a listing of the object's
+folder), the entry written and renamed (by the cache's writer thread, while the next call runs; the
+clock stops once it is done), the claim released, and now and then a slab of budget
+reserved under the directory's lock. Timing whole epochs over S3 on a shared
 machine leaves that work inside the noise of the network (repeats differ by 2x there);
 this measures it apart: the same fetch calls of a reader over an in-memory store, with a
 fresh cache and without one, interleaved, so the difference is the cache's own cost per
@@ -11,6 +13,7 @@ call, which is then set against what a call costs over S3 (one request at the pr
 added latency or more).
 
     PYTHONPATH=src:. python -m benchmarks.cache_overhead [--calls 2000] [--repeats 5] [--dir D]
+        [--store-latency-ms 20]   (each read of the store waits that long first)
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import os
 import statistics
 import tempfile
 import time
+from typing import Any
 
 from rangestream.io.cache.byte_cache import ByteCache
 from rangestream.io.range_reader import RangeReader
@@ -40,10 +44,29 @@ async def _calls(reader: RangeReader, keys: list[str], calls: int) -> float:
         key = keys[(i // per_block) % len(keys)]
         start = (i % per_block) * RUN_BYTES
         await reader.fetch([RangeRequest(key, start, start + RUN_BYTES)])
+    if reader.cache is not None and hasattr(reader.cache, "drain"):
+        reader.cache.drain()  # entries still queued for the writer thread count too
     return time.perf_counter() - started
 
 
-def measure(calls: int, repeats: int, where: str | None) -> tuple[list[float], list[float]]:
+class _Slow:
+    """A store whose range reads take ``delay`` seconds more (a request's first byte over
+    S3): the cache's writer thread then writes while the next call waits, as in training."""
+
+    def __init__(self, store: Any, delay: float) -> None:
+        self._store, self._delay = store, delay
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def get_range(self, key: str, start: int, end: int) -> Any:
+        await asyncio.sleep(self._delay)
+        return await self._store.get_range(key, start, end)
+
+
+def measure(
+    calls: int, repeats: int, where: str | None, delay: float = 0.0
+) -> tuple[list[float], list[float]]:
     """Seconds per call without and with a (cold) cache, one pair per repeat."""
     per_block = BLOCK_BYTES // RUN_BYTES
     blocks = -(-calls // per_block)
@@ -61,7 +84,8 @@ def measure(calls: int, repeats: int, where: str | None) -> tuple[list[float], l
             cache = ByteCache(directory, budget=4 * blocks * BLOCK_BYTES)
             order = [False, True] if repeat % 2 == 0 else [True, False]
             for with_cache in order:
-                reader = RangeReader(store, cache=cache if with_cache else None)
+                served = _Slow(store, delay) if delay else store
+                reader = RangeReader(served, cache=cache if with_cache else None)  # type: ignore[arg-type]
                 took = asyncio.run(_calls(reader, keys, calls)) / calls
                 (cached if with_cache else plain).append(took)
     return plain, cached
@@ -73,12 +97,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--latency-ms", type=float, default=20.0)
     parser.add_argument("--dir", default=None, help="where the cache lives (the node's disk)")
+    parser.add_argument("--store-latency-ms", type=float, default=0.0,
+                        help="added to every range read of the store (0: none)")  # fmt: skip
     args = parser.parse_args()
-    plain, cached = measure(args.calls, args.repeats, args.dir)
+    plain, cached = measure(args.calls, args.repeats, args.dir, args.store_latency_ms / 1e3)
     added = [c - p for p, c in zip(plain, cached, strict=True)]
     median = statistics.median(added)
     where = args.dir or tempfile.gettempdir()
-    print(f"fetch call of one {RUN_BYTES >> 10} KiB range, in-memory store, {args.repeats} "
+    slow = f" +{args.store_latency_ms:g} ms per read" if args.store_latency_ms else ""
+    print(f"fetch call of one {RUN_BYTES >> 10} KiB range, in-memory store{slow}, {args.repeats} "
           f"interleaved repeats of {args.calls} calls, cache in {where}; "
           f"load average {os.getloadavg()[0]:.1f}")  # fmt: skip
     print(f"  without cache: {statistics.median(plain) * 1e6:,.0f} us per call")

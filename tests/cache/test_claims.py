@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import signal
+import time
 from pathlib import Path
 
 from rangestream.io.cache import ByteCache
-from rangestream.io.cache.claims import CLAIMS, split_covered
+from rangestream.io.cache.claims import CLAIMS, LOCKS, split_covered
 from rangestream.io.ranges import RangeRequest
 
 URL = "s3://bucket/dataset"
@@ -27,7 +29,7 @@ def test_a_second_claimer_waits_for_a_live_claim_and_reads_its_entry(tmp_path: P
     first, second = ByteCache(tmp_path, 1 << 20), ByteCache(tmp_path, 1 << 20)
     mine = first.claim(URL, [RangeRequest(KEY, 100, 300)])
     assert mine.mine == [RangeRequest(KEY, 100, 300)] and not mine.theirs
-    # another process (a descriptor of its own: flock locks conflict across them)
+    # another process (a descriptor of its own: OFD locks conflict across them)
     other = second.claim(URL, [RangeRequest(KEY, 0, 400)])
     assert other.mine == [RangeRequest(KEY, 0, 100), RangeRequest(KEY, 300, 400)]
     assert other.theirs == [RangeRequest(KEY, 100, 300)]
@@ -39,22 +41,34 @@ def test_a_second_claimer_waits_for_a_live_claim_and_reads_its_entry(tmp_path: P
     pieces, holes = second.kept(URL, RangeRequest(KEY, 100, 300), counts)
     assert pieces == [(100, OBJECT[100:300])] and holes == [] and counts == [0, 0, 200, 0]
     second.release(other)
-    assert os.listdir(tmp_path / CLAIMS) == []
+    # every claim let go of: a new claimer waits for none, fetches what no entry holds
+    again = ByteCache(tmp_path, 1 << 20).claim(URL, [RangeRequest(KEY, 0, 400)])
+    assert again.mine == [RangeRequest(KEY, 0, 100), RangeRequest(KEY, 300, 400)]
+    assert again.theirs == [RangeRequest(KEY, 100, 300)] and not again.awaited
+    assert os.listdir(tmp_path / CLAIMS) == [LOCKS]  # no file made per claim
     # an entry kept and released: a later claimer neither fetches nor waits for it
     later = ByteCache(tmp_path, 1 << 20).claim(URL, [RangeRequest(KEY, 150, 250)])
     assert later.mine == [] and later.theirs == [RangeRequest(KEY, 150, 250)] and not later.awaited
 
 
 def test_the_claim_of_a_process_that_died_is_not_waited_for(tmp_path: Path) -> None:
+    ready_read, ready_write = os.pipe()
     pid = os.fork()
-    if pid == 0:  # a process that claims a range and dies before fetching it
+    if pid == 0:  # a process that claims a range and is killed before fetching it
         ByteCache(tmp_path, 1 << 20).claim(URL, [RangeRequest(KEY, 0, 100)])
+        os.write(ready_write, b"r")
+        time.sleep(60)
         os._exit(0)
+    assert os.read(ready_read, 1) == b"r"
+    cache = ByteCache(tmp_path, 1 << 20)
+    while_alive = cache.claim(URL, [RangeRequest(KEY, 0, 100)])
+    assert while_alive.mine == [] and while_alive.theirs == [RangeRequest(KEY, 0, 100)]
+    assert cache.claim_is_live(while_alive.awaited[0])
+    os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
-    (left,) = os.listdir(tmp_path / CLAIMS)
-    parts = ByteCache(tmp_path, 1 << 20).claim(URL, [RangeRequest(KEY, 0, 100)])
+    assert not cache.claim_is_live(while_alive.awaited[0])
+    parts = cache.claim(URL, [RangeRequest(KEY, 0, 100)])
     assert parts.mine == [RangeRequest(KEY, 0, 100)] and not parts.awaited
-    assert left not in os.listdir(tmp_path / CLAIMS)  # the abandoned claim was deleted
 
 
 def test_a_forked_child_does_not_keep_its_parents_claims_alive(tmp_path: Path) -> None:
@@ -77,3 +91,17 @@ def test_a_forked_child_does_not_keep_its_parents_claims_alive(tmp_path: Path) -
     finally:
         os.write(write, b"x")
         os.waitpid(pid, 0)
+
+
+def test_entries_kept_later_are_hits_at_once_and_released_once_written(tmp_path: Path) -> None:
+    cache, other = ByteCache(tmp_path, 1 << 20), ByteCache(tmp_path, 1 << 20)
+    parts = cache.claim(URL, [RangeRequest(KEY, 0, 500)])
+    assert parts.mine == [RangeRequest(KEY, 0, 500)]
+    cache.keep_later(URL, [(RangeRequest(KEY, 0, 500), OBJECT[:500])], parts)
+    counts = [0, 0, 0, 0]
+    # this process waits for its own queued entry: a hit, not a miss
+    assert cache.lookup(URL, RangeRequest(KEY, 100, 200), counts) == OBJECT[100:200]
+    assert counts == [1, 0, 100, 0]
+    cache.drain()
+    later = other.claim(URL, [RangeRequest(KEY, 0, 500)])
+    assert later.mine == [] and later.theirs == [RangeRequest(KEY, 0, 500)] and not later.awaited

@@ -13,7 +13,8 @@ Layout of a cache directory::
 
     LOCK  SIZE  STATS                       flock'ed lock; accounted bytes; hit counts (JSON)
     tmp/<pid>-<random>-<nbytes>             entries being written (renamed into place)
-    claims/<object tag>-<start>-<end>-<random>    ranges being fetched (``claims``)
+    leases/<pid>-<random>-<nbytes>          slabs of budget held by live processes (``budget``)
+    claims/LOCKS                            byte-range locks: ranges being fetched (``claims``)
     <dataset id>/URL                        the dataset's URL, for ``rangestream cache``
     <dataset id>/<commit>/<object>/r<start>-<end>   a fetched range of one object
     <dataset id>/<commit>/<object>/s<n>              its last n bytes (a chunk index)
@@ -29,7 +30,8 @@ entry. The first time a process uses an entry it reads it whole and checks its l
 CRC; a bad entry is deleted, counted (``cache_dropped``) and the range fetched again. The
 executors check every inner chunk's crc32c on the bytes handed out, as for remote reads.
 
-Bound: see ``budget``: entry files never total more than ``cache_bytes``. Two processes
+Bound: see ``budget``: entry files never total more than ``cache_bytes``; a process
+reserves budget a slab at a time, so most entries it writes touch no shared file. Two processes
 missing the same range at once fetch it once: the first claims it (``claims``) and the
 second waits for its entry; at worst (a claim older than a minute, a suffix) twice, never
 torn: the second rename replaces the first.
@@ -50,17 +52,30 @@ import os
 import threading
 import time
 import warnings
+import weakref
+from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
 
-from rangestream.io.cache.budget import LOW_WATER, evict, locked, scan_entries, write_size
+from rangestream.io.cache.budget import (
+    LEASES,
+    LOW_WATER,
+    evict,
+    hold_lease,
+    locked,
+    release_lease,
+    scan_entries,
+    slab_bytes,
+    write_size,
+)
 from rangestream.io.cache.budget import read_size as _read_size
 from rangestream.io.cache.claims import (
     CLAIMS,
+    Claim,
     ClaimedParts,
     claim_free_parts,
     claim_is_live,
-    release_claim,
+    open_locks,
 )
 from rangestream.io.cache.counts import add_to_stats, read_stats
 from rangestream.io.cache.entries import (
@@ -74,6 +89,7 @@ from rangestream.io.cache.entries import (
     temp_path,
 )
 from rangestream.io.cache.reading import EntryReader, Pieces
+from rangestream.io.cache.writer import EntryWriter
 from rangestream.io.ranges import ByteRequest, RangeRequest
 
 __all__ = [
@@ -105,17 +121,28 @@ class ByteCache:
         self.directory = Path(directory)
         self.budget = budget
         self.enabled = True
-        self._entries = EntryReader(self._drop)
+        self._entries = EntryReader(_weak(self, "_drop"))
+        self._writer = EntryWriter()
         self._known_urls: set[str] = set()
         #: hits, misses, bytes served, entries dropped: not yet added to STATS.
         self._pending = [0, 0, 0, 0]
         self._mutex = threading.Lock()
         self._flushed_at = time.monotonic()
-        #: This process's claims being fetched: fd -> path (closed in a forked child).
-        self._held: dict[int, str] = {}
+        #: This process's claims being fetched: fd -> claim (closed in a forked child), and
+        #: a descriptor of ``claims/LOCKS`` to look at others' claims with (no lock on it).
+        self._held: dict[int, Claim] = {}
+        self._probe: int | None = None
+        #: Budget reserved and not yet written (``budget``), and the lease backing it.
+        self._slab = 0
+        self._lease: tuple[str, int] | None = None
+        self._slab_mutex = threading.Lock()
         self.directory.mkdir(parents=True, exist_ok=True)
-        (self.directory / "tmp").mkdir(exist_ok=True)
-        (self.directory / CLAIMS).mkdir(exist_ok=True)
+        for child in ("tmp", CLAIMS, LEASES):
+            (self.directory / child).mkdir(exist_ok=True)
+        if not (self.directory / "SIZE").exists():  # there from the start, for every reader
+            with locked(self.directory):
+                if not (self.directory / "SIZE").exists():
+                    write_size(self.directory, 0)
 
     # -- reading --------------------------------------------------------------------------
     def lookup(self, url: str, request: ByteRequest, counts: list[int]) -> bytes | None:
@@ -130,6 +157,7 @@ class ByteCache:
             return pieces[0][1] if len(pieces) == 1 else b"".join(p for _, p in pieces)
         if not self.enabled:
             return None
+        self._writer.wait_for(request.key)
         before = self._pending[3]
         folder = self._object_folder(url, request.key)
         try:
@@ -167,6 +195,7 @@ class ByteCache:
 
     def _pieces(self, url: str, request: RangeRequest, counts: list[int]) -> Pieces:
         """The pieces and holes of a range (an error reading turns the cache off: a miss)."""
+        self._writer.wait_for(request.key)  # what this process is still writing
         before = self._pending[3]
         folder = self._object_folder(url, request.key)
         try:
@@ -182,6 +211,7 @@ class ByteCache:
         damaged after the entry's first check, so the next read fetches them again."""
         if not self.enabled or not is_cacheable_key(request.key):
             return
+        self._writer.wait_for(request.key)  # entries of it still queued are dropped too
         before = self._pending[3]
         folder = self._object_folder(url, request.key)
         try:
@@ -242,8 +272,7 @@ class ByteCache:
         parts = ClaimedParts()
         folders = [self._object_folder(url, request.key) for request in ranges]
         try:
-            with locked(self.directory):
-                claim_free_parts(self.directory, folders, ranges, parts)
+            claim_free_parts(self.directory, folders, ranges, parts)
         except OSError as error:
             self._track(parts)
             self.release(parts)
@@ -254,23 +283,38 @@ class ByteCache:
 
     def _track(self, parts: ClaimedParts) -> None:
         """Note the claims of ``parts`` as this process's (closed in a forked child)."""
-        for path, fd in parts.held:
-            self._held[fd] = path
+        for claim, fd in parts.held:
+            self._held[fd] = claim
 
     def release(self, parts: ClaimedParts) -> None:
         """Release this process's claims of ``parts`` (after keeping what they fetched)."""
-        for path, fd in parts.held:
+        for _claim, fd in parts.held:
             if self._held.pop(fd, None) is not None:
-                with suppress(OSError):  # a claim left behind is ignored once unlocked
-                    release_claim(path, fd)
+                with suppress(OSError):
+                    os.close(fd)  # drops the lock
         parts.held = []
 
-    @staticmethod
-    def claim_is_live(path: str) -> bool:
-        """Whether another process still fetches the range of the claim at ``path``."""
-        return claim_is_live(path)
+    def claim_is_live(self, claim: Claim) -> bool:
+        """Whether another process (or another claim of this one) still locks ``claim``."""
+        if self._probe is None:
+            self._probe = open_locks(self.directory)
+        return claim_is_live(self._probe, claim)
 
     # -- writing --------------------------------------------------------------------------
+    def keep_later(
+        self, url: str, entries: list[tuple[ByteRequest, bytes | memoryview]], parts: ClaimedParts
+    ) -> None:
+        """Keep ``entries`` (what one fetch call fetched) and then release ``parts``, on this
+        cache's writer thread (``writer``): the call does not wait for the files."""
+        if not self.enabled:
+            self.release(parts)
+            return
+        self._writer.submit(self, url, entries, parts)
+
+    def drain(self) -> None:
+        """Wait until every entry handed to ``keep_later`` is written."""
+        self._writer.drain()
+
     def store(self, url: str, request: ByteRequest, data: bytes | memoryview) -> None:
         """Keep the bytes fetched for ``request`` (a coalesced range, a suffix, an object)."""
         if not self.enabled:
@@ -282,7 +326,8 @@ class ByteCache:
         temp = temp_path(self.directory, nbytes)
         try:
             self._remember_url(url)
-            self._reserve(nbytes, temp)
+            if not self._reserve(nbytes):
+                return  # no room even after eviction (others' slabs and writes): not kept
         except OSError as error:
             self._disable(f"making room in {self.directory}", error)
             return
@@ -290,15 +335,19 @@ class ByteCache:
             with open(temp, "wb") as file:
                 file.write(entry_header(data))
                 file.write(data)
-            folder.mkdir(parents=True, exist_ok=True)
             final = folder / entry_name(request)
-            os.replace(temp, final)  # checked on first use, even by this process
+            try:
+                os.replace(temp, final)  # a new name: no flush (checked on first use)
+            except FileNotFoundError:
+                folder.mkdir(parents=True, exist_ok=True)
+                os.replace(temp, final)
         except OSError as error:
             # the cache is being turned off for this process: a failed clean-up of its
             # own temp file leaves at most that file, which the next eviction scan removes
             with suppress(OSError):
                 temp.unlink(missing_ok=True)
-                self._release(nbytes)
+            with self._slab_mutex:
+                self._slab += nbytes  # not written: back to the slab, handed back below
             self._disable(f"writing {temp}", error)
 
     def _remember_url(self, url: str) -> None:
@@ -313,22 +362,52 @@ class ByteCache:
             os.replace(temp, marker)
         self._known_urls.add(url)
 
-    def _reserve(self, nbytes: int, temp: Path) -> None:
-        """Account ``nbytes`` about to be written to ``temp``, evicting LRU entries for room.
+    def _reserve(self, nbytes: int) -> bool:
+        """Take ``nbytes`` of budget for an entry about to be written; whether there was room.
 
-        ``temp`` is made under the lock, so a scan by another process counts it from then on.
+        Out of this process's slab when it holds enough (no shared file touched), else a
+        new slab is reserved under the lock, evicting LRU entries for room (``budget``).
         """
-        with locked(self.directory):
-            used = _read_size(self.directory)
-            if used + nbytes > self.budget:
-                target = int(self.budget * LOW_WATER) - nbytes
-                used = evict(self.directory, target, self._entries.verified)
-            write_size(self.directory, used + nbytes)
-            temp.touch()
+        with self._slab_mutex:
+            if self._slab >= nbytes:
+                self._slab -= nbytes
+                return True
+            with locked(self.directory):
+                used = _read_size(self.directory) - self._slab  # what is left goes back
+                if self._lease is not None:
+                    release_lease(*self._lease)
+                    self._lease, self._slab = None, 0
+                slab = slab_bytes(self.budget, nbytes)
+                if used + slab > self.budget:
+                    target = int(self.budget * LOW_WATER) - slab
+                    used = evict(self.directory, target, self._entries.verified)
+                    if used + slab > self.budget:
+                        slab = max(nbytes, self.budget - used)  # a smaller slab fits
+                        if used + slab > self.budget:
+                            write_size(self.directory, used)
+                            return False
+                self._lease = hold_lease(self.directory, slab)
+                write_size(self.directory, used + slab)
+                self._slab = slab - nbytes
+                return True
 
-    def _release(self, nbytes: int) -> None:
-        with locked(self.directory):
-            write_size(self.directory, max(0, _read_size(self.directory) - nbytes))
+    def hand_back(self) -> None:
+        """Give the unwritten rest of this process's slab back to the directory (at exit,
+        when the cache is turned off): others may use it before the next scan."""
+        with self._slab_mutex:
+            if self._lease is None:
+                return
+            with suppress(OSError), locked(self.directory):
+                write_size(self.directory, _read_size(self.directory) - self._slab)
+                release_lease(*self._lease)
+            self._lease, self._slab = None, 0
+
+    def __del__(self) -> None:
+        # a cache object let go of (a test, a reader's own cache) frees its slab and lease
+        # descriptor now rather than at the next scan
+        with suppress(Exception):
+            self._writer.drain()
+            self.hand_back()
 
     def _drop(self, path: Path, size: int) -> None:
         """Delete a damaged entry (counted), so the range is fetched again."""
@@ -369,6 +448,7 @@ class ByteCache:
         if not self.enabled:
             return
         self.enabled = False
+        self.hand_back()
         full = " (the disk is full)" if error.errno == errno.ENOSPC else ""
         warnings.warn(
             f"rangestream: the byte cache at {self.directory} is off for this process: "
@@ -387,3 +467,23 @@ class ByteCache:
             with suppress(OSError):
                 os.close(fd)
         self._held = {}
+        self._writer.reset_after_fork()
+        # the parent's slab is the parent's to spend: the child reserves its own
+        self._slab_mutex = threading.Lock()
+        if self._lease is not None:
+            with suppress(OSError):
+                os.close(self._lease[1])
+        self._lease, self._slab = None, 0
+
+
+def _weak(cache: ByteCache, name: str) -> Callable[..., None]:
+    """``cache.<name>`` without a reference to ``cache`` (no cycle: a cache let go of is
+    freed at once, and hands back its slab)."""
+    ref = weakref.ref(cache)
+
+    def call(*args: object) -> None:
+        found = ref()
+        if found is not None:
+            getattr(found, name)(*args)
+
+    return call

@@ -7,6 +7,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rangestream.io.cache.budget import LEASES, locked, scan_leases, write_size
 from rangestream.io.cache.byte_cache import read_stats, scan_entries
 from rangestream.io.cache.claims import CLAIMS
 
@@ -79,13 +80,15 @@ def summarize_cache(directory: str | os.PathLike[str]) -> CacheSummary:
 def clear_cache(directory: str | os.PathLike[str]) -> int:
     """Delete every entry and count of a cache directory; the bytes freed.
 
-    Readers still running keep working: a missing entry is a miss.
+    Readers still running keep working: a missing entry is a miss. ``SIZE`` is set to what
+    they still hold (their slabs and files in transit), so the bound holds across a clear.
     """
     root = Path(directory)
     summary = summarize_cache(root)
-    for child in root.iterdir():
-        if child.is_dir() and child.name not in ("tmp", CLAIMS):
-            shutil.rmtree(child, ignore_errors=True)
-    for name in ("SIZE", "STATS"):
-        (root / name).unlink(missing_ok=True)
+    with locked(root):
+        for child in root.iterdir():
+            if child.is_dir() and child.name not in ("tmp", CLAIMS, LEASES):
+                shutil.rmtree(child, ignore_errors=True)
+        (root / "STATS").unlink(missing_ok=True)
+        write_size(root, scan_leases(root) + scan_entries(root)[1])
     return summary.bytes

@@ -4,7 +4,8 @@ One :class:`ByteCache` per directory and process, shared by every reader using i
 process checks each entry once and counts its hits in one place; its counts reach the
 directory's ``STATS`` file as it goes (at most a second late), at every batch a loader's
 worker hands out (:func:`flush_stats`, so ``rangestream cache`` agrees with the loader's
-``source_stats`` while workers live on), at exit, and at the end of a forked worker.
+``source_stats`` while workers live on), at exit, and at the end of a forked worker; the
+last two also hand back the unwritten rest of the process's slab of budget (``budget``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import re
 import shutil
 
 from rangestream.io.cache.byte_cache import ByteCache
+from rangestream.io.cache.writer import drain_all
 from rangestream.io.process import after_fork
 
 __all__ = ["CACHE_BYTES_ENV", "CACHE_DIR_ENV", "cache_for", "flush_stats", "parse_budget"]
@@ -82,7 +84,12 @@ def flush_stats() -> None:
         cache.flush_stats()
 
 
-_flush_all = flush_stats
+def _at_exit() -> None:
+    """Write what is queued, add the last counts, hand back each cache's unwritten slab."""
+    drain_all()
+    for cache in list(_caches.values()):
+        cache.flush_stats()
+        cache.hand_back()
 
 
 def _after_fork_in_child() -> None:
@@ -90,8 +97,8 @@ def _after_fork_in_child() -> None:
         cache.reset_after_fork()
     # a forked multiprocessing child (a DataLoader worker) ends with os._exit, skipping
     # atexit; its finalizers still run, so its last counts reach STATS
-    multiprocessing.util.Finalize(None, _flush_all, exitpriority=10)
+    multiprocessing.util.Finalize(None, _at_exit, exitpriority=10)
 
 
-atexit.register(_flush_all)
-after_fork(in_child=_after_fork_in_child)
+atexit.register(_at_exit)
+after_fork(in_child=_after_fork_in_child, before=drain_all)

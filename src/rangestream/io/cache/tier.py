@@ -84,22 +84,27 @@ async def fetch_through_cache(
     fetched_requests: list[ByteRequest] = [*mine]
     fetched_requests += [r for _, r in others] + [r for _, r in direct]
     segments = _Segments()
+    kept: list[tuple[ByteRequest, bytes | memoryview]] = []
     try:
         if fetched_requests:
             fetched = await reader.fetch(
                 fetched_requests, max_concurrency=max_concurrency, cached=False
             )
             for request, data in zip(mine, fetched, strict=False):
-                cache.store(url, request, data)
+                kept.append((request, data))
                 segments.add(request, data)
             rest = fetched[len(mine) :]
             for (index, request), data in zip(others, rest[: len(others)], strict=True):
-                cache.store(url, request, data)
+                kept.append((request, data))
                 results[index] = data
             for (index, _request), data in zip(direct, rest[len(others) :], strict=True):
                 results[index] = data
-    finally:
-        cache.release(parts)  # kept first, released after: see ``claims``
+    except BaseException:
+        cache.release(parts)
+        raise
+    # kept first, released after (``claims``), by the cache's writer thread: the call
+    # goes on without waiting for the files
+    cache.keep_later(url, kept, parts)
     if parts.theirs:
         await _theirs(reader, cache, parts, segments, max_concurrency)
     for index, pieces in partial:
