@@ -27,6 +27,7 @@ def copy_piece(
 ) -> int: ...
 
 GUARDS_FAULTS: int
+
 def copy_bytes(
     source: Any,
     start: int,
