@@ -628,6 +628,10 @@ class LatencyProxy:
         self._count(status=upstream.status, flight=flight)
         if flight.entry is not None:
             flight.entry.served = served_range(upstream.headers.get("Content-Range"))
+        if not sends_body or length == 0:
+            # prepare() sends the headers at once, and they are the whole response here: a
+            # client may be done before this thread runs again.
+            flight.land()
         await response.prepare(request)
         sent = 0
         while sends_body and (cut is None or sent < cut):

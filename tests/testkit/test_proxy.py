@@ -587,6 +587,38 @@ def test_request_log_holds_back_a_request_until_its_response_is_sent(
     assert [e.served for e in after] == [(5, 10)]
 
 
+def test_a_response_of_headers_alone_is_logged_before_the_client_has_it(
+    proxy: LatencyProxy,
+    proxied_fs: s3fs.S3FileSystem,
+    stored: StoredObject,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A HEAD and an empty body end with their headers, which prepare() sends at once. The
+    # proxy's thread pausing right after that (a loaded machine) must not leave a client that
+    # has its answer without the request in the log.
+    empty = f"{stored.path}-empty"
+    proxied_fs.pipe(empty, b"")
+    prepare = aiohttp.web.StreamResponse.prepare
+
+    async def prepare_then_pause(self: aiohttp.web.StreamResponse, request: Any) -> Any:
+        writer = await prepare(self, request)
+        await asyncio.sleep(0.5)
+        return writer
+
+    monkeypatch.setattr(aiohttp.web.StreamResponse, "prepare", prepare_then_pause)
+    proxy.start_request_log()
+
+    assert proxied_fs.info(stored.path)["size"] == len(stored.data)
+    head = proxy.take_request_log()
+    assert _get(_presigned(proxied_fs, empty)).body == b""
+    get = proxy.take_request_log()
+
+    assert [(e.method, e.key, e.body_bytes) for e in head] == [("HEAD", _key(stored), 0)]
+    assert [(e.method, e.key, e.status, e.body_bytes) for e in get] == [
+        ("GET", f"{_key(stored)}-empty", 200, 0)
+    ]
+
+
 def test_request_log_records_injected_faults_with_their_status(
     proxy: LatencyProxy, proxied_fs: s3fs.S3FileSystem, stored: StoredObject
 ) -> None:
