@@ -401,6 +401,7 @@ class RangestreamLoader(_Rangestream):
     def __init__(self) -> None:
         super().__init__()
         self._iter: Any = None
+        self._loader: Any = None
         self._rows: deque[np.ndarray] = deque()
         self._next_index = 0
         self._io: dict[int, Any] = {}
@@ -415,13 +416,14 @@ class RangestreamLoader(_Rangestream):
             note=f"StatefulDataLoader.from_storage(sequence_length=2048, next_token=True, "
             f"batch_size={LOADER_BATCH}, num_workers={LOADER_WORKERS}, "
             f"shuffle={'window' if shuffled else False!r}), iterated across repeats "
-            "(epochs restart); no local cache",
+            "(one loader, an epoch per pass, workers kept); no local cache",
         )
 
     def open(self, data: DatasetData, location: Location) -> None:
         assert isinstance(data, TokensData)
         self._storage = self._make_storage(data, location, 16)
         self._sequence_length = data.window_tokens - 1
+        self._iter = self._loader = None  # a loader over this storage, made at first use
         self._rows.clear()
         self._next_index = 0
         self._next_row(peek=True)  # first batch: part of the timed open
@@ -449,7 +451,11 @@ class RangestreamLoader(_Rangestream):
     def _next_row(self, *, peek: bool = False) -> np.ndarray:
         while not self._rows:
             if self._iter is None:
-                self._iter = iter(self.make_loader())
+                # one loader for the whole run, a new epoch per pass, as a training loop
+                # iterates it (its workers persist across epochs, the default)
+                if self._loader is None:
+                    self._loader = self.make_loader()
+                self._iter = iter(self._loader)
                 self._next_index = 0
             try:
                 batch, pid, io = next(self._iter)
@@ -489,7 +495,7 @@ class RangestreamLoader(_Rangestream):
         return sum(int(self._next_row().nbytes) for _ in range(len(ids)))
 
     def close(self) -> None:
-        self._iter = None  # ends the workers
+        self._iter = self._loader = None  # ends the workers
         self._rows.clear()
         self._io.clear()
         super().close()
@@ -511,8 +517,8 @@ class RangestreamBlockLoader(RangestreamLoader):
             any_order=True,
             note=f"StatefulDataLoader.from_storage(sequence_length=2048, next_token=True, "
             f"batch_size={LOADER_BATCH}, num_workers={LOADER_WORKERS}, shuffle='block') "
-            "(runs of about 4 MiB, K=8 runs per buffer), iterated across repeats; no local "
-            "cache",
+            "(runs of about 4 MiB, K=8 runs per buffer), iterated across repeats (one loader, "
+            "an epoch per pass, workers kept); no local cache",
         )
 
     def loader_options(self) -> dict[str, Any]:

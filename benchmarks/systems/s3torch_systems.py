@@ -111,6 +111,8 @@ class _S3Torch(System):
     def __init__(self) -> None:
         self._map: TokenWindows | None = None
         self._iter: Any = None
+        self._loader: DataLoader | None = None
+        self._loader_windows: WindowSet | None = None
         self._rows: deque[np.ndarray] = deque()
         self._windows: WindowSet | None = None
         self._location: Location | None = None
@@ -119,12 +121,17 @@ class _S3Torch(System):
     def check_available(self) -> None:
         _s3t()
 
-    def _row_from(self, make_loader: Callable[[], DataLoader]) -> np.ndarray:
-        """The next row out of the loader's epochs (a new one made when an epoch ends): a
-        repeat may outlast an epoch, as a training loop's steps do."""
+    def _row_from(self, make_loader: Callable[[], DataLoader], windows: WindowSet) -> np.ndarray:
+        """The next row out of the loader's epochs (one loader, iterated again when an epoch
+        ends, as a training loop does): a repeat may outlast an epoch."""
+        if self._loader_windows is not windows:  # a loader reads one workload's windows
+            self._iter = self._loader = None
+            self._loader_windows = windows
         while not self._rows:
             if self._iter is None:
-                self._iter = iter(make_loader())
+                if self._loader is None:
+                    self._loader = make_loader()
+                self._iter = iter(self._loader)
             try:
                 batch = next(self._iter)
             except StopIteration:
@@ -177,7 +184,7 @@ class _S3Torch(System):
         return self._windows_map(windows)[i]
 
     def close(self) -> None:
-        self._iter = None
+        self._iter = self._loader = self._loader_windows = None
         self._rows.clear()
         self._map = self._windows = None
         if self._pool is not None:
@@ -214,7 +221,8 @@ class S3TorchMap(_S3Torch):
                 batch_size=LOADER_BATCH,
                 num_workers=LOADER_WORKERS,
                 shuffle=True,
-            )
+            ),
+            windows,
         )
 
     def fetch(self, windows: WindowSet, i: int) -> Payload:
@@ -266,7 +274,7 @@ class S3TorchIterable(_S3Torch):
             rows = _Rows(objects, stride, windows.length)
             return DataLoader(rows, batch_size=LOADER_BATCH, num_workers=LOADER_WORKERS)
 
-        return self._row_from(make_loader)
+        return self._row_from(make_loader, windows)
 
     def read(self, windows: WindowSet, ids: np.ndarray, concurrency: int) -> int:
         return sum(int(self._next_row(windows).nbytes) for _ in range(len(ids)))
