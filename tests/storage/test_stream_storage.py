@@ -532,3 +532,56 @@ def test_counts_have_one_name_per_item_per_shard_and_in_all(tmp_path: Path) -> N
         assert reader.num_elements() == sum(lengths.values()) == reader.total_length
         assert reader.num_records() == 6
         assert [reader.length(s) for s in range(5)] == [lengths[s] for s in range(5)]
+
+
+class _DoubledTokens(StreamNumpyFormat[Any]):
+    """A format of one field with its own ``unpack``: the mapped path must call it."""
+
+    def unpack(self, stream: Any, shard_lengths: Any, shards: Any) -> Any:
+        return {"tokens": stream["tokens"] * 2}
+
+
+@pytest.mark.parametrize(
+    ("dtype", "plain"),
+    [
+        (np.dtype([("tokens", "<u2")]), True),  # a token stream: one field, the whole element
+        (np.dtype([("tokens", "<i4")]), True),
+        (TOKENS, False),  # two fields: the structured array's field views
+        (np.dtype({"names": ["tokens"], "formats": ["<u2"], "itemsize": 4}), False),  # padded
+    ],
+)
+def test_a_local_window_of_a_lone_field_is_a_plain_array_owning_its_memory(
+    tmp_path: Path, dtype: np.dtype[Any], plain: bool
+) -> None:
+    rng = np.random.default_rng(5)
+    values = rng.integers(0, 60_000, 5_000)
+    storage = StreamStorage(tmp_path / "ds", StreamNumpyFormat(dtype), chunk_bytes=512,
+                            block_bytes=8192)  # fmt: skip
+    with storage.sync_writer() as writer:
+        for piece in np.array_split(values, 7):
+            row = np.zeros(len(piece), dtype)
+            row["tokens"] = piece
+            writer.append(0, {name: row[name] for name in dtype.names})
+    field = dtype.fields["tokens"][0]
+    with StreamStorage(tmp_path / "ds", StreamNumpyFormat(dtype)).sync_reader() as reader:
+        for start in [0, 3, 100, 2_000, 4_950]:
+            got = reader.read(start, 50)
+            window = got["tokens"]
+            assert window.dtype == field and window.shape == (50,)
+            np.testing.assert_array_equal(window, values[start : start + 50].astype(field))
+            assert (window.base is None) is plain  # plain: no structured array behind it
+            window[:] = 0  # writable; the stored data is untouched
+            np.testing.assert_array_equal(
+                reader.read(start, 50)["tokens"], values[start : start + 50].astype(field)
+            )
+        assert list(got) == list(dtype.names)
+
+
+def test_a_format_with_its_own_unpack_is_used_by_local_windows(tmp_path: Path) -> None:
+    dtype = np.dtype([("tokens", "<i4")])
+    values = np.arange(3_000, dtype="<i4")
+    storage = StreamStorage(tmp_path / "ds", StreamNumpyFormat(dtype), chunk_bytes=512)
+    with storage.sync_writer() as writer:
+        writer.append(0, {"tokens": values})
+    with StreamStorage(tmp_path / "ds", _DoubledTokens(dtype)).sync_reader() as reader:
+        np.testing.assert_array_equal(reader.read(10, 20)["tokens"], values[10:30] * 2)

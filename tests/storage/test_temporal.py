@@ -852,6 +852,52 @@ def test_mapped_windows_of_a_field_alone_in_its_group_start_anywhere_in_a_chunk(
     assert spent.requests == reads + 1 == spent.by_key_kind["features"]
 
 
+def test_a_mapped_window_whose_later_group_falls_back_is_counted_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The mapped path copies and counts group by group: when a later group cannot be
+    copied there (here its copier refuses), the window is read by the program, and the
+    earlier groups' counts are taken back, so it costs what the program alone counts."""
+    write(str(tmp_path / "ds"))
+    storage = TemporalArrayStorage(tmp_path / "ds")
+    fields = ["features", "pose"]
+    record = next(i for i, r in enumerate(EXPECTED) if len(r["clock"]) >= 60)
+    start, frames = 5, 40
+    storage.read_window(record, start, frames, fields)  # opens, caches entry and selection
+    before = storage.stats.copy()
+    assert_window(storage.read_window(record, start, frames, fields), EXPECTED[record], start,
+                  frames, fields)  # fmt: skip
+    mapped_cost = storage.stats - before
+    assert mapped_cost.requests == 2  # one copy per group, counted as one request each
+    before = storage.stats.copy()
+    storage.read_window(record, start, frames, fields, max_concurrency=1)  # the program
+    program_cost = storage.stats - before
+    assert (program_cost.requests, program_cost.bytes) == (mapped_cost.requests,
+                                                            mapped_cost.bytes)  # fmt: skip
+    opened = storage._reader().opened
+    groups = opened.selection(fields).groups
+    assert len(groups) == 2
+    later = groups[1][0]
+    refused: list[int] = []
+
+    def refuse(part: int, first: int, rows: int, outputs: Any) -> bool:
+        refused.append(rows)
+        return False
+
+    copiers = list(opened.copiers)
+    copiers[later] = refuse
+    monkeypatch.setattr(opened, "copiers", copiers)
+    opened._window_readers.clear()
+    before = storage.stats.copy()
+    assert_window(storage.read_window(record, start, frames, fields), EXPECTED[record], start,
+                  frames, fields)  # fmt: skip
+    fallback_cost = storage.stats - before
+    assert refused == [frames]  # the first group was copied, the second refused
+    assert (fallback_cost.requests, fallback_cost.bytes) == (program_cost.requests,
+                                                              program_cost.bytes)  # fmt: skip
+    assert fallback_cost.by_key_kind == program_cost.by_key_kind
+
+
 @pytest.mark.usefixtures("no_pread", "copies")
 def test_async_local_windows_come_from_mapped_blocks_inline_or_in_a_thread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -98,6 +98,19 @@ class StreamNumpyFormat(StreamStorageFormat[DataT, DataT, Any], Generic[DataT]):
             out[name] = column
         return out
 
+    def lone_field(self) -> tuple[str, np.dtype[Any]] | None:
+        """``(name, dtype)`` when ``unpack`` of a window is just its one field, which fills
+        the whole element (a token stream): a reader may then copy the window straight
+        into a plain array of that dtype and return ``{name: array}``, the same values
+        without the structured array and its field view. ``None`` otherwise, and for a
+        subclass with its own ``unpack``."""
+        if type(self).unpack is not StreamNumpyFormat.unpack or len(self.names) != 1:
+            return None
+        dtype, offset = self.stream_dtype.fields[self.names[0]][:2]  # type: ignore[index]
+        if offset != 0 or dtype.itemsize != self.stream_dtype.itemsize or dtype.subdtype:
+            return None
+        return self.names[0], dtype
+
     def unpack(self, stream: Vector, shard_lengths: Vector, shards: Vector) -> DataT:
         names = self.names
         if len(names) == 1:  # a comprehension's frame costs more than the view it makes

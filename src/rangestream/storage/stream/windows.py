@@ -235,7 +235,8 @@ class OpenedStream(StreamRecords):
         """
         if type(global_index) is not int or type(length) is not int or length <= 0:
             return None
-        return self.window_reader(length, 1)(global_index)
+        read = self._window_readers.get((length, 1)) or self.window_reader(length, 1)
+        return read(global_index)
 
     def window_reader(self, length: int, stride: int) -> Callable[[int], Any]:
         """``read(i)``: window ``i`` (elements ``[i * stride, i * stride + length)``) copied
@@ -258,6 +259,25 @@ class OpenedStream(StreamRecords):
         # unpack's segment arrays by shard position, made as shards are first read
         segments: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
+        lone = getattr(self.format, "lone_field", None)
+        plain = lone() if callable(lone) else None
+        if plain is not None:  # a token stream: one plain array, no structured view
+            name, plain_dtype = plain
+
+            def read_plain(index: int) -> Any:
+                start = index * stride
+                if start < 0 or start > last:
+                    return None
+                part = bisect_right(bounds, start) - 1  # (bisect skips empty shards)
+                if start > bounds[part + 1] - length:
+                    return None  # spans shards
+                out = empty(length, plain_dtype)
+                if not copy(part, start - bounds[part], length, ((out, 0, itemsize),)):
+                    return None
+                return {name: out}
+
+            return self._keep_window_reader(length, stride, read_plain)
+
         def read(index: int) -> Any:
             start = index * stride
             if start < 0 or start > last:
@@ -276,6 +296,11 @@ class OpenedStream(StreamRecords):
             lengths, shards = segment
             return unpack(out, lengths, shards)
 
+        return self._keep_window_reader(length, stride, read)
+
+    def _keep_window_reader(
+        self, length: int, stride: int, read: Callable[[int], Any]
+    ) -> Callable[[int], Any]:
         if len(self._window_readers) >= 64:
             self._window_readers.clear()
         self._window_readers[(length, stride)] = read

@@ -19,10 +19,11 @@ import numpy as np
 
 from rangestream.errors import UnknownFieldError
 from rangestream.layout.executors import BlockCopier, Program
-from rangestream.layout.pieces import Output, RowRead, StoredArray, in_one_block
+from rangestream.layout.pieces import Output, RowRead, StoredArray
 from rangestream.storage.core.opening import OpenedStorage
 from rangestream.storage.temporal.frame_counts import FrameCounts
 from rangestream.storage.temporal.index import RecordIndex
+from rangestream.storage.temporal.mapped_windows import WindowReader, make_window_reader
 from rangestream.storage.temporal.schema import TemporalSchema
 
 __all__ = ["OpenedTemporal", "Selection", "as_written"]
@@ -108,6 +109,7 @@ class OpenedTemporal(OpenedStorage):
             [self.array(shard, group.array) for group in groups] for shard in self.shard_ids
         ]
         self._selections: dict[tuple[str, ...] | None, Selection] = {}
+        self._window_readers: dict[tuple[tuple[str, ...] | None, int], WindowReader] = {}
         #: Per group: the mapped executor's copier of its arrays (``None``: not mapped).
         self.copiers = [self._copier(number) for number in range(len(groups))]
 
@@ -184,48 +186,23 @@ class OpenedTemporal(OpenedStorage):
     ) -> dict[str, Any] | None:
         """One window copied out of mapped blocks, or ``None`` (take ``window``).
 
-        The hot path of local windows: only plain ints inside a record whose index entry is
-        cached, a ``fields`` argument seen before, and every group's rows inside one block
-        that is mapped; anything else, and every error, takes the checked program.
+        The hot path of local windows (``mapped_windows``): only plain ints inside a record
+        whose index entry is cached, a ``fields`` argument seen before, and every group's
+        rows inside one block that is mapped; anything else, and every error, takes the
+        checked program.
         """
-        mapped = self.mapped
-        if mapped is None or type(record) is not int or type(start) is not int:
+        if type(frames) is not int:
             return None
-        selection = self._selections.get(None if fields is None else tuple(fields))
-        index = self.index
-        if selection is None or type(frames) is not int or frames <= 0 or start < 0:
-            return None
-        if not 0 <= record < index.count:
-            return None
-        chunk, row = divmod(record, index.chunk_rows)
-        entry = index.chunks.get(chunk)
-        if entry is None or start + frames > entry.item(row, 1):
-            return None
-        part = entry.item(row, 2)
-        first = entry.item(row, 0) + start
-        copiers = self.copiers
-        groups = selection.groups
-        if len(groups) > 1:  # every group's block must be there before any is counted
-            arrays = self.arrays[part]
-            for number, _outputs in groups:
-                array = arrays[number]
-                found = in_one_block(array.layout, first, frames)
-                if found is None or copiers[number] is None:
-                    return None  # crosses a block boundary: the program reads both parts
-                block, block_row = found
-                end_chunk = (block_row + frames - 1) // array.chunk_rows + 1
-                if mapped.mapping(array, block, end_chunk) is None:
-                    return None
-        result, outputs = self._outputs(selection, frames)
-        for number, group_outputs in outputs:
-            copy = copiers[number]
-            if copy is None or not copy(part, first, frames, group_outputs):
-                # only the first group can get here (nothing counted), or a block found
-                # truncated while mapped, whose error the program then raises
-                return None
-        if selection.torch:
-            return as_written(result, selection.torch)
-        return result
+        key = (None if fields is None else tuple(fields), frames)
+        reader = self._window_readers.get(key)
+        if reader is None:
+            selection = self._selections.get(key[0])
+            if selection is None:
+                return None  # not checked yet: the program checks it, then it is seen
+            if len(self._window_readers) >= _MAX_CACHED_SELECTIONS:
+                self._window_readers.clear()
+            reader = self._window_readers[key] = make_window_reader(self, selection, frames)
+        return reader(record, start)
 
 
 class _Window:

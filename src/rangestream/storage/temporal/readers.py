@@ -155,9 +155,21 @@ class TemporalReader(_TemporalFacts, SyncReader):
             window = opened.window_in_block(record, start, frames, fields)
             if window is not None:
                 return window  # type: ignore[no-any-return]
-            bound = None
-        else:
-            bound = concurrency(max_concurrency, max_concurrent_reads)
+            return self.program_window(record, start, frames, fields, None)
+        bound = concurrency(max_concurrency, max_concurrent_reads)
+        return self.program_window(record, start, frames, fields, bound)
+
+    def program_window(
+        self,
+        record: int,
+        start: int,
+        frames: int,
+        fields: Sequence[str] | None,
+        bound: int | None,
+    ) -> dict[str, Any]:
+        """The window read by its checked program (no mapped shortcut tried): what
+        ``read_window`` does once the mapped path has declined it."""
+        opened = self._opening.opened.value or self._opening.get_sync()
         record, start, frames = opened.index.check_arguments(record, start, frames)
         # no shortcut for ``fields=[]``: the window's bounds are checked like any other's
         program = opened.window(record, start, frames, opened.selection(fields))
