@@ -81,6 +81,9 @@ class WorkloadResult:
     peak_rss_mb: float | None = None
     disk_mb: float | None = None
     measurements: list[Measurement] = field(default_factory=list)
+    #: loaders iterated across repeats: seconds from ``iter(loader)`` to the first batch of
+    #: each epoch after the first (``System.later_epoch_first_batches``)
+    later_epoch_first_batch_s: list[float] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

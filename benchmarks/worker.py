@@ -284,6 +284,7 @@ def measure(spec: dict[str, Any], out: Path) -> dict[str, Any]:
                 _write(out, {**report, "results": [*results, res.to_json()]})
             res.peak_rss_mb = peak_rss_mb()
             res.disk_mb = dir_mb(cache)
+            res.later_epoch_first_batch_s = system.later_epoch_first_batches()
         except Exception as exc:  # reported in the table, never hidden
             res.status = "error"
             where = traceback.extract_tb(exc.__traceback__)[-1]

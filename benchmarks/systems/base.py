@@ -134,6 +134,12 @@ class System(ABC):
         """
         return None
 
+    def later_epoch_first_batches(self) -> list[float]:
+        """Seconds from ``iter(loader)`` to the first batch of every epoch after the first
+        that the workload's repeats ran through (loaders iterated across repeats); empty for
+        systems without epochs."""
+        return []
+
     def close(self) -> None:  # noqa: B027  (optional hook)
         """Release clients, pools and files; called after each workload."""
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -405,6 +406,8 @@ class RangestreamLoader(_Rangestream):
         self._rows: deque[np.ndarray] = deque()
         self._next_index = 0
         self._io: dict[int, Any] = {}
+        self._epoch_started: float | None = None  # iter() of an epoch after the first
+        self._later_first_batches: list[float] = []
 
     def supports(self, workload: str, location: str) -> Support | None:
         if workload not in ("tokens-sequential", *LOADER_WORKLOADS):
@@ -426,6 +429,7 @@ class RangestreamLoader(_Rangestream):
         self._iter = self._loader = None  # a loader over this storage, made at first use
         self._rows.clear()
         self._next_index = 0
+        self._later_first_batches = []
         self._next_row(peek=True)  # first batch: part of the timed open
 
     def loader_options(self) -> dict[str, Any]:
@@ -455,6 +459,8 @@ class RangestreamLoader(_Rangestream):
                 # iterates it (its workers persist across epochs, the default)
                 if self._loader is None:
                     self._loader = self.make_loader()
+                else:  # a later epoch: its first batch is timed as a training loop sees it
+                    self._epoch_started = time.perf_counter()
                 self._iter = iter(self._loader)
                 self._next_index = 0
             try:
@@ -462,12 +468,18 @@ class RangestreamLoader(_Rangestream):
             except StopIteration:
                 self._iter = None
                 continue
+            if self._epoch_started is not None:
+                self._later_first_batches.append(time.perf_counter() - self._epoch_started)
+                self._epoch_started = None
             self._io[pid] = io
             self._rows.extend(stored_ids(np.asarray(batch[TOKEN_FIELD])))
         if peek:
             return self._rows[0]
         self._next_index += 1
         return self._rows.popleft()
+
+    def later_epoch_first_batches(self) -> list[float]:
+        return list(self._later_first_batches)
 
     def io_counters(self) -> dict[str, float] | None:
         """Requests and bytes the workers reported (latest snapshot per worker process)."""
