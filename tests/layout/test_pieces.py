@@ -7,7 +7,7 @@ import pytest
 
 from rangestream.errors import CorruptDataError, OutOfRangeError
 from rangestream.layout.block import MISSING, ArrayLayout, encode_block, parse_block_index
-from rangestream.layout.pieces import RowRead, StoredArray, in_one_block, indexed_spans, pieces
+from rangestream.layout.pieces import RowRead, StoredArray, indexed_spans, pieces
 
 LAYOUT = ArrayLayout(np.dtype("<i4"), (), 4, 16)
 
@@ -53,11 +53,3 @@ def test_a_read_is_cut_at_every_block_boundary() -> None:
         (1, 0, block_rows, 1),
         (2, 0, 1, block_rows + 1),
     ]
-
-
-def test_rows_that_end_exactly_at_a_block_end_are_in_one_block_and_one_more_are_not() -> None:
-    block_rows = LAYOUT.block_rows
-    assert in_one_block(LAYOUT, block_rows - 2, 2) == (0, block_rows - 2)
-    assert in_one_block(LAYOUT, 2 * block_rows - 1, 1) == (1, block_rows - 1)
-    assert in_one_block(LAYOUT, block_rows - 1, 2) is None
-    assert in_one_block(LAYOUT, block_rows - 2, 3) is None

@@ -164,7 +164,7 @@ class MappedExecutor:
         The hot path of single windows: ``copy(part, start, rows, outputs)`` copies rows
         ``[start, start + rows)`` of ``arrays[part]`` into whole outputs and returns
         ``True``, or returns ``False`` with nothing counted when one mapped block does not
-        hold them. It is the arithmetic of ``pieces.in_one_block`` and ``Piece`` for one
+        hold them. It is the arithmetic of ``pieces`` and ``Piece`` for one
         piece, then ``mapping``, the count, the checksum step and the copier, as for any
         piece, with every constant bound once: it runs for every local window, where a few
         attribute loads are a tenth of the time.

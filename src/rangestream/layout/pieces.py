@@ -28,7 +28,6 @@ __all__ = [
     "RowRead",
     "StoredArray",
     "direct_spans",
-    "in_one_block",
     "indexed_spans",
     "output_rows",
     "pieces",
@@ -193,18 +192,6 @@ def pieces(reads: Sequence[RowRead]) -> list[Piece]:
             out.append(Piece(read, block, row - base, end - row, row - read.start))
             row = end
     return out
-
-
-def in_one_block(layout: ArrayLayout, start: int, rows: int) -> tuple[int, int] | None:
-    """``(block, first row in it)`` of ``rows`` rows from ``start`` if one block holds them.
-
-    The hot path of single windows: the arithmetic of ``pieces`` for the common case of one
-    piece, without making one.
-    """
-    block, row = divmod(start, layout.block_rows)
-    if row + rows > layout.block_rows:
-        return None
-    return block, row
 
 
 def spans_many_blocks(read: RowRead, blocks: int) -> bool:
