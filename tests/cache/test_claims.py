@@ -121,3 +121,20 @@ def test_entries_kept_later_are_hits_at_once_and_released_once_written(tmp_path:
     cache.drain()
     later = other.claim(URL, [RangeRequest(KEY, 0, 500)])
     assert later.mine == [] and later.theirs == [RangeRequest(KEY, 0, 500)] and not later.awaited
+
+
+def test_a_released_claims_descriptor_is_reused_unlocked(tmp_path: Path) -> None:
+    cache, other = ByteCache(tmp_path, 1 << 20), ByteCache(tmp_path, 1 << 20)
+    parts = cache.claim(URL, [RangeRequest(KEY, 0, 100)])
+    ((_claim, fd),) = parts.held
+    assert other.claim(URL, [RangeRequest(KEY, 0, 100)]).awaited  # locked
+    cache.release(parts)
+    # unlocked on release (no other claimer waits), its descriptor kept for the next claim
+    free = other.claim(URL, [RangeRequest(KEY, 0, 100)])
+    assert free.mine == [RangeRequest(KEY, 0, 100)] and not free.awaited
+    other.release(free)
+    again = cache.claim(URL, [RangeRequest(KEY, 0, 100)])
+    assert again.mine == [RangeRequest(KEY, 0, 100)] and not again.awaited
+    assert [held_fd for _c, held_fd in again.held] == [fd]
+    # and a reused descriptor's lock is a claim as before: another process waits for it
+    assert other.claim(URL, [RangeRequest(KEY, 50, 60)]).awaited
