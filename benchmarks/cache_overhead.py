@@ -36,9 +36,11 @@ BLOCK_BYTES = 1 << 20
 RUN_BYTES = 64 << 10  # one run of a block shuffle: one coalesced range per fetch call
 
 
-async def _calls(reader: RangeReader, keys: list[str], calls: int) -> float:
-    """Seconds for ``calls`` fetch calls of one run-sized range each, every range new."""
+async def _calls(reader: RangeReader, keys: list[str], calls: int) -> tuple[float, float]:
+    """Seconds and CPU seconds (the process's, every thread's) for ``calls`` fetch calls of
+    one run-sized range each, every range new."""
     per_block = BLOCK_BYTES // RUN_BYTES
+    cpu = time.process_time()
     started = time.perf_counter()
     for i in range(calls):
         key = keys[(i // per_block) % len(keys)]
@@ -46,7 +48,7 @@ async def _calls(reader: RangeReader, keys: list[str], calls: int) -> float:
         await reader.fetch([RangeRequest(key, start, start + RUN_BYTES)])
     if reader.cache is not None and hasattr(reader.cache, "drain"):
         reader.cache.drain()  # entries still queued for the writer thread count too
-    return time.perf_counter() - started
+    return time.perf_counter() - started, time.process_time() - cpu
 
 
 class _Slow:
@@ -66,11 +68,15 @@ class _Slow:
 
 def measure(
     calls: int, repeats: int, where: str | None, delay: float = 0.0
-) -> tuple[list[float], list[float]]:
-    """Seconds per call without and with a (cold) cache, one pair per repeat."""
+) -> tuple[list[float], list[float], list[float], list[float]]:
+    """Seconds per call without and with a (cold) cache, one pair per repeat; then CPU
+    seconds per call, likewise (less swayed by other work on a shared machine)."""
     per_block = BLOCK_BYTES // RUN_BYTES
     blocks = -(-calls // per_block)
-    plain, cached = [], []
+    plain: list[float] = []
+    cached: list[float] = []
+    plain_cpu: list[float] = []
+    cached_cpu: list[float] = []
     for repeat in range(repeats):
         store = open_store(f"memory://cache-overhead-{os.getpid()}-{repeat}")
         keys = [f"data/{COMMIT}/shards/0/stream/c/{b}/0" for b in range(blocks)]
@@ -86,9 +92,10 @@ def measure(
             for with_cache in order:
                 served = _Slow(store, delay) if delay else store
                 reader = RangeReader(served, cache=cache if with_cache else None)  # type: ignore[arg-type]
-                took = asyncio.run(_calls(reader, keys, calls)) / calls
-                (cached if with_cache else plain).append(took)
-    return plain, cached
+                took, cpu = asyncio.run(_calls(reader, keys, calls))
+                (cached if with_cache else plain).append(took / calls)
+                (cached_cpu if with_cache else plain_cpu).append(cpu / calls)
+    return plain, cached, plain_cpu, cached_cpu
 
 
 def main() -> None:
@@ -100,7 +107,9 @@ def main() -> None:
     parser.add_argument("--store-latency-ms", type=float, default=0.0,
                         help="added to every range read of the store (0: none)")  # fmt: skip
     args = parser.parse_args()
-    plain, cached = measure(args.calls, args.repeats, args.dir, args.store_latency_ms / 1e3)
+    plain, cached, plain_cpu, cached_cpu = measure(
+        args.calls, args.repeats, args.dir, args.store_latency_ms / 1e3
+    )
     added = [c - p for p, c in zip(plain, cached, strict=True)]
     median = statistics.median(added)
     where = args.dir or tempfile.gettempdir()
@@ -112,6 +121,11 @@ def main() -> None:
     print(f"  cold cache:    {statistics.median(cached) * 1e6:,.0f} us per call")
     print(f"  added by the cache: {median * 1e6:,.0f} us per call "
           f"(repeats {min(added) * 1e6:,.0f}-{max(added) * 1e6:,.0f})")  # fmt: skip
+    added_cpu = [c - p for p, c in zip(plain_cpu, cached_cpu, strict=True)]
+    print(f"  CPU (all threads): {statistics.median(plain_cpu) * 1e6:,.0f} us per call without, "
+          f"{statistics.median(cached_cpu) * 1e6:,.0f} us with; added "
+          f"{statistics.median(added_cpu) * 1e6:,.0f} us (repeats "
+          f"{min(added_cpu) * 1e6:,.0f}-{max(added_cpu) * 1e6:,.0f})")  # fmt: skip
     one_request = args.latency_ms / 1e3
     print(f"  against one S3 request at +{args.latency_ms:g} ms: "
           f"{median / one_request:.1%} of the call's time, at most")  # fmt: skip

@@ -234,8 +234,9 @@ class RangeReader:
         """Bytes of each request, in order; ranges are coalesced, suffixes fetched as is.
 
         With a byte cache, ``cached=False`` skips it: the cache tier's own fetch of misses,
-        coalesced already and cut around bytes the cache or another process holds, so its
-        ranges are merged only where they touch (a gap between them is not fetched again).
+        coalesced already, cut around bytes another process is fetching and shortened by
+        bytes the cache holds at their ends, so its ranges are merged only where they touch
+        (a gap between them is not fetched again).
         """
         if cached and self.cache is not None and self.cache.enabled:
             return await fetch_through_cache(self, requests, max_concurrency)

@@ -73,6 +73,7 @@ from rangestream.io.cache.claims import (
     CLAIMS,
     Claim,
     ClaimedParts,
+    LockDescriptors,
     claim_free_parts,
     claim_is_live,
     open_locks,
@@ -104,6 +105,8 @@ __all__ = [
 #: How often a process adds its hit counts to ``STATS`` while it reads (the loader's
 #: workers also add theirs at every batch: ``flush_stats``).
 STATS_FLUSH_SECONDS = 1.0
+#: Object folders remembered per cache (then forgotten at once, and remembered again).
+_FOLDERS_KEPT = 1 << 16
 
 
 class ByteCache:
@@ -132,6 +135,9 @@ class ByteCache:
         #: a descriptor of ``claims/LOCKS`` to look at others' claims with (no lock on it).
         self._held: dict[int, Claim] = {}
         self._probe: int | None = None
+        self._locks = LockDescriptors(self.directory)
+        #: ``(url, key)`` -> the object's entry folder (two hashes and paths per call saved)
+        self._folders: dict[tuple[str, str], Path] = {}
         #: Budget reserved and not yet written (``budget``), and the lease backing it.
         self._slab = 0
         self._lease: tuple[str, int] | None = None
@@ -195,7 +201,8 @@ class ByteCache:
 
     def _pieces(self, url: str, request: RangeRequest, counts: list[int]) -> Pieces:
         """The pieces and holes of a range (an error reading turns the cache off: a miss)."""
-        self._writer.wait_for(request.key)  # what this process is still writing
+        # what this process is still writing of these bytes
+        self._writer.wait_for(request.key, request.start, request.end)
         before = self._pending[3]
         folder = self._object_folder(url, request.key)
         try:
@@ -214,6 +221,7 @@ class ByteCache:
         self._writer.wait_for(request.key)  # entries of it still queued are dropped too
         before = self._pending[3]
         folder = self._object_folder(url, request.key)
+        self._entries.forget_listings(str(folder))
         try:
             names = os.listdir(folder)
         except FileNotFoundError:
@@ -272,7 +280,7 @@ class ByteCache:
         parts = ClaimedParts()
         folders = [self._object_folder(url, request.key) for request in ranges]
         try:
-            claim_free_parts(self.directory, folders, ranges, parts)
+            claim_free_parts(self._locks, folders, ranges, parts)
         except OSError as error:
             self._track(parts)
             self.release(parts)
@@ -288,10 +296,9 @@ class ByteCache:
 
     def release(self, parts: ClaimedParts) -> None:
         """Release this process's claims of ``parts`` (after keeping what they fetched)."""
-        for _claim, fd in parts.held:
+        for claim, fd in parts.held:
             if self._held.pop(fd, None) is not None:
-                with suppress(OSError):
-                    os.close(fd)  # drops the lock
+                self._locks.give(fd, claim)  # unlocked, kept for a later claim
         parts.held = []
 
     def claim_is_live(self, claim: Claim) -> bool:
@@ -332,15 +339,21 @@ class ByteCache:
             self._disable(f"making room in {self.directory}", error)
             return
         try:
-            with open(temp, "wb") as file:
-                file.write(entry_header(data))
-                file.write(data)
-            final = folder / entry_name(request)
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            try:
+                _write_all(fd, [entry_header(data), data])
+            finally:
+                os.close(fd)
+            name = entry_name(request)
+            final = f"{folder}/{name}"
             try:
                 os.replace(temp, final)  # a new name: no flush (checked on first use)
             except FileNotFoundError:
                 folder.mkdir(parents=True, exist_ok=True)
                 os.replace(temp, final)
+            if isinstance(request, RangeRequest):
+                self._entries.wrote(str(folder), request.start, request.end, name)
+                self._drop_covered(str(folder), request, name)
         except OSError as error:
             # the cache is being turned off for this process: a failed clean-up of its
             # own temp file leaves at most that file, which the next eviction scan removes
@@ -349,6 +362,35 @@ class ByteCache:
             with self._slab_mutex:
                 self._slab += nbytes  # not written: back to the slab, handed back below
             self._disable(f"writing {temp}", error)
+
+    def _drop_covered(self, folder: str, request: RangeRequest, name: str) -> None:
+        """Delete the entries this process knows of that the new entry ``name`` covers
+        whole (a range fetched again with the kept pieces inside it: ``claims``), so the
+        directory holds each byte once. Not counted as dropped: nothing was damaged.
+
+        A reader that listed one of them and opens it after finds it gone and lists the
+        folder again (``reading``): it reads the new entry.
+        """
+        covered = [
+            span
+            for span in self._entries.spans(folder)
+            if request.start <= span[0] and span[1] <= request.end and span[2] != name
+        ]
+        if not covered:
+            return
+        with locked(self.directory):
+            freed = 0
+            for low, high, entry in covered:
+                path = f"{folder}/{entry}"
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    continue  # evicted or dropped by another process first
+                self._entries.verified.discard(path)
+                freed += HEADER + high - low  # as accounted when written
+            if freed:
+                write_size(self.directory, max(0, _read_size(self.directory) - freed))
+        self._entries.deleted(folder, covered)
 
     def _remember_url(self, url: str) -> None:
         if url in self._known_urls:
@@ -381,6 +423,7 @@ class ByteCache:
                 if used + slab > self.budget:
                     target = int(self.budget * LOW_WATER) - slab
                     used = evict(self.directory, target, self._entries.verified)
+                    self._entries.forget_listings()  # entries deleted
                     if used + slab > self.budget:
                         slab = max(nbytes, self.budget - used)  # a smaller slab fits
                         if used + slab > self.budget:
@@ -408,11 +451,14 @@ class ByteCache:
         with suppress(Exception):
             self._writer.drain()
             self.hand_back()
+        with suppress(Exception):
+            self._locks.close()
 
-    def _drop(self, path: Path, size: int) -> None:
+    def _drop(self, path: str | Path, size: int) -> None:
         """Delete a damaged entry (counted), so the range is fetched again."""
         with self._mutex:
             self._pending[3] += 1
+        self._entries.forget_listings(os.path.dirname(path))
         try:
             with locked(self.directory):
                 try:
@@ -442,7 +488,12 @@ class ByteCache:
 
     # -- state ----------------------------------------------------------------------------
     def _object_folder(self, url: str, key: str) -> Path:
-        return object_folder(self.directory, url, key)
+        found = self._folders.get((url, key))
+        if found is None:
+            if len(self._folders) >= _FOLDERS_KEPT:
+                self._folders.clear()
+            found = self._folders[url, key] = object_folder(self.directory, url, key)
+        return found
 
     def _disable(self, what: str, error: OSError) -> None:
         if not self.enabled:
@@ -467,6 +518,7 @@ class ByteCache:
             with suppress(OSError):
                 os.close(fd)
         self._held = {}
+        self._locks.forget()
         self._writer.reset_after_fork()
         # the parent's slab is the parent's to spend: the child reserves its own
         self._slab_mutex = threading.Lock()
@@ -474,6 +526,18 @@ class ByteCache:
             with suppress(OSError):
                 os.close(self._lease[1])
         self._lease, self._slab = None, 0
+
+
+def _write_all(fd: int, parts: list[bytes | memoryview]) -> None:
+    """Write ``parts`` to ``fd`` in one ``writev`` (more only if the kernel writes less)."""
+    views = [memoryview(part).cast("B") for part in parts]
+    while views:
+        written = os.writev(fd, views)
+        while views and written >= len(views[0]):
+            written -= len(views[0])
+            views.pop(0)
+        if views and written:
+            views[0] = views[0][written:]
 
 
 def _weak(cache: ByteCache, name: str) -> Callable[..., None]:

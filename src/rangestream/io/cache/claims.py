@@ -16,9 +16,10 @@ cold fetch call about 0.3 ms or more on ext4; a lock on a file that exists costs
 (the kernel finds the overlapping locks: ``F_OFD_GETLK``). Each claimed part has its own
 descriptor, so two threads of one process conflict as two processes do.
 
-A claim is **live** while its descriptor is open: the kernel drops the lock when its owner
-closes it or dies, so a crashed owner never blocks others (no pid checks, which would be
-wrong across PID namespaces). An owner stores its entry (write, atomic rename), then closes
+A claim is **live** while its descriptor holds the lock: its owner unlocks it (and keeps
+the descriptor for a later claim: ``LockDescriptors``); the kernel drops it when its owner
+dies, so a crashed owner never blocks others (no pid checks, which would be
+wrong across PID namespaces). An owner stores its entry (write, atomic rename), then releases
 its claim; a claimer lists the object's entries only after taking its locks, so a part
 whose owner let go before it is found as an entry, not fetched again. A waiter stops
 waiting after ``CLAIM_SECONDS`` (an owner stuck in retries) and fetches the bytes itself:
@@ -33,9 +34,11 @@ they are few, read once per process, and at worst fetched twice.
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import os
 import struct
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,6 +51,8 @@ __all__ = [
     "LOCKS",
     "Claim",
     "ClaimedParts",
+    "LockDescriptors",
+    "bridge_inner",
     "claim_free_parts",
     "claim_is_live",
     "open_locks",
@@ -93,8 +98,66 @@ def open_locks(directory: Path) -> int:
 
 def _slot(folder: Path) -> int:
     """The first offset of an object's slot in ``LOCKS``."""
-    digest = hashlib.sha1(str(folder).encode()).digest()
+    return _slot_of(str(folder))
+
+
+@functools.lru_cache(maxsize=4096)
+def _slot_of(folder: str) -> int:
+    digest = hashlib.sha1(folder.encode()).digest()
     return (int.from_bytes(digest[:4], "big") % _SLOTS) << SLOT_BITS
+
+
+class LockDescriptors:
+    """Descriptors of a directory's ``LOCKS``, each its own open file description, reused.
+
+    Why reused: a claim needs a descriptor of its own (its lock is the description's), but
+    opening and closing one per claim was two system calls of every cold fetch call. A
+    claim given back is unlocked (``F_UNLCK`` over its span) and its descriptor kept for
+    the next claim; a descriptor in the pool holds no lock. A forked child closes its copies
+    (``forget``): they are its parent's descriptions, whose locks would not conflict with
+    the parent's.
+    """
+
+    #: Descriptors kept at most (the rest are closed when given back).
+    KEPT = 64
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._free: list[int] = []
+        self._pid = os.getpid()
+
+    def take(self) -> int:
+        """A descriptor holding no lock (list ``pop``: atomic across threads)."""
+        if os.getpid() != self._pid:  # forked without ``forget`` (a cache made directly)
+            self.forget()
+        try:
+            return self._free.pop()
+        except IndexError:
+            return open_locks(self.directory)
+
+    def give(self, fd: int, claim: Claim | None = None) -> None:
+        """Unlock ``claim`` (if given) on ``fd`` and keep ``fd`` for a later claim."""
+        if claim is not None:
+            try:
+                _lock(fd, fcntl.F_UNLCK, claim)
+            except OSError:
+                os.close(fd)  # closing drops the lock too
+                return
+        if len(self._free) < self.KEPT:
+            self._free.append(fd)
+        else:
+            os.close(fd)
+
+    def close(self) -> None:
+        """Close every kept descriptor."""
+        while self._free:
+            with suppress(OSError, IndexError):
+                os.close(self._free.pop())
+
+    def forget(self) -> None:
+        """In a forked child: close the copies of the parent's descriptors."""
+        self.close()
+        self._pid = os.getpid()
 
 
 def _span(slot: int, start: int, end: int) -> Claim:
@@ -151,7 +214,28 @@ def split_covered(
     return free, taken
 
 
-def _lock_free(directory: Path, slot: int, start: int, end: int, parts: ClaimedParts) -> list:
+def bridge_inner(
+    free: list[tuple[int, int]], kept: list[tuple[int, int]]
+) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """The parts of one claimed range to fetch: its free parts as one span from the first to
+    the last, and the kept parts outside that span (read from their entries).
+
+    Why kept bytes inside are fetched again: S3 serves one range per GET, so cutting a
+    kept piece out of the middle of a range costs a request more, which the same reader
+    without a cache does not make; the reader's own coalescing already fetches up to a gap
+    of unwanted bytes to save a request. Kept pieces at the ends only shorten the request.
+    (Parts another process is fetching right now are not bridged: they are cut out before
+    this, by the locks, so no byte is fetched twice at once.)
+    """
+    if len(free) <= 1:
+        return free, kept
+    first, last = free[0][0], free[-1][1]
+    return [(first, last)], [(a, b) for a, b in kept if b <= first or a >= last]
+
+
+def _lock_free(
+    descriptors: LockDescriptors, slot: int, start: int, end: int, parts: ClaimedParts
+) -> list:
     """Lock the parts of ``[start, end)`` no other claim covers; ``[(low, high, fd)]``.
     The parts others hold are noted in ``parts.awaited`` and returned as ``(low, high, -1)``.
     """
@@ -160,12 +244,12 @@ def _lock_free(directory: Path, slot: int, start: int, end: int, parts: ClaimedP
     while todo:
         low, high = todo.pop()
         claim = _span(slot, low, high)
-        fd = open_locks(directory)
+        fd = descriptors.take()
         if _lock(fd, fcntl.F_WRLCK, claim):
             done.append((low, high, fd))
             continue
         other = _conflict(fd, claim)
-        os.close(fd)
+        descriptors.give(fd)  # not locked
         if other is None:
             todo.append((low, high))  # let go of meanwhile: try again
             continue
@@ -180,7 +264,7 @@ def _lock_free(directory: Path, slot: int, start: int, end: int, parts: ClaimedP
 
 
 def claim_free_parts(
-    directory: Path,
+    descriptors: LockDescriptors,
     folders: list[Path],
     ranges: list[RangeRequest],
     parts: ClaimedParts,
@@ -191,7 +275,7 @@ def claim_free_parts(
     spans: dict[Path, list[tuple[int, int]]] = {}
     for request, folder in zip(ranges, folders, strict=True):
         slot = _slot(folder)
-        locked = _lock_free(directory, slot, request.start, request.end, parts)
+        locked = _lock_free(descriptors, slot, request.start, request.end, parts)
         if folder not in spans:
             spans[folder] = range_spans(folder)
         for low, high, fd in locked:
@@ -199,11 +283,12 @@ def claim_free_parts(
                 parts.theirs.append(RangeRequest(request.key, low, high))
                 continue
             free, kept = split_covered(low, high, spans[folder])
+            free, kept = bridge_inner(free, kept)
             for a, b in kept:  # an owner kept it and let go before we locked: read it
                 _lock(fd, fcntl.F_UNLCK, _span(slot, a, b))
                 parts.theirs.append(RangeRequest(request.key, a, b))
             if not free:
-                os.close(fd)
+                descriptors.give(fd, _span(slot, low, high))
                 continue
             parts.held.append((_span(slot, low, high), fd))
             parts.mine += [RangeRequest(request.key, a, b) for a, b in free]

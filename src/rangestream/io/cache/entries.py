@@ -16,6 +16,7 @@ Only keys under ``data/<commit>/`` are cached: a committed version is immutable
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import re
 import struct
@@ -105,5 +106,20 @@ def range_spans(folder: Path) -> list[tuple[int, int]]:
 
 
 def temp_path(directory: Path, nbytes: int) -> Path:
-    """A new file name in ``tmp/``; its last field is the bytes it reserves (see ``budget``)."""
-    return directory / "tmp" / f"{os.getpid()}-{uuid.uuid4().hex[:12]}-{nbytes}"
+    """A new file name in ``tmp/``; its last field is the bytes it reserves (see ``budget``).
+
+    Unique without a ``uuid4`` per entry (a ``getrandom`` call per cold fetch call): the
+    pid, a random token drawn once per process (again in a forked child) and a counter.
+    """
+    return Path(f"{directory}/tmp/{os.getpid()}-{_token}{next(_serial):x}-{nbytes}")
+
+
+def _new_token() -> None:
+    global _token, _serial
+    _token, _serial = uuid.uuid4().hex[:8], itertools.count()
+
+
+_token = ""
+_serial = itertools.count()
+_new_token()
+os.register_at_fork(after_in_child=_new_token)

@@ -20,6 +20,31 @@ __all__ = ["EntryReader", "Pieces"]
 
 #: ``(offset, bytes)`` pieces a cache held of a range, and the ``(start, end)`` holes.
 Pieces = tuple[list[tuple[int, bytes]], list[tuple[int, int]]]
+#: A range entry: ``(start, end, file name)``.
+_Span = tuple[int, int, str]
+#: Folder listings remembered per process (then all forgotten at once).
+LISTINGS_KEPT = 4096
+
+
+def _plan(spans: list[_Span], start: int, end: int) -> list[tuple[int, int, _Span | None]]:
+    """``[start, end)`` cut into ``(at, upto, entry)`` segments, the longest entry at each
+    point first; ``entry`` is ``None`` for a hole (up to the next entry that starts)."""
+    near = [span for span in spans if span[0] < end and span[1] > start]
+    plan: list[tuple[int, int, _Span | None]] = []
+    at = start
+    while at < end:
+        best = None
+        for span in near:
+            if span[0] <= at < span[1] and (best is None or span[1] > best[1]):
+                best = span
+        if best is None:
+            upto = min([span[0] for span in near if span[0] > at] + [end])
+            plan.append((at, upto, None))
+        else:
+            upto = min(best[1], end)
+            plan.append((at, upto, best))
+        at = upto
+    return plan
 
 
 class EntryReader:
@@ -31,46 +56,101 @@ class EntryReader:
         ``drop(path, accounted bytes)``: delete a damaged entry (it is not used again).
     """
 
-    def __init__(self, drop: Callable[[Path, int], None]) -> None:
+    def __init__(self, drop: Callable[[str | Path, int], None]) -> None:
         self.verified: set[str] = set()
         self._drop = drop
+        #: folder -> its range entries as ``(low, high, name)``, as last listed or written
+        #: by this process: a range they cover is read without listing the folder again
+        self._listed: dict[str, list[_Span]] = {}
 
     def assemble(self, folder: Path, start: int, end: int) -> Pieces:
         """Bytes ``[start, end)`` of an object from its range entries (the longest entry
-        at each point first), and the holes no intact entry covers."""
+        at each point first), and the holes no intact entry covers.
+
+        Why a remembered listing: a hit (every byte covered by entries this process listed
+        or wrote before) needs no ``listdir``, so an epoch served by the cache reads its
+        entries as a local reader reads its blocks. Anything short of a hit lists the folder
+        again, so a miss, and its holes, are what a fresh listing says; an entry evicted
+        since (its file gone) makes the read list the folder again too.
+        """
+        base = os.fspath(folder)
+        known = self._listed.get(base)
+        if known is not None:
+            plan = _plan(known, start, end)
+            if all(span is not None for _at, _upto, span in plan):
+                read = self._read(base, plan)
+                if read is not None:
+                    return read, []
+        spans = self.list(base)
+        pieces: list[tuple[int, bytes]] = []
+        holes: list[tuple[int, int]] = []
+        while True:
+            plan = _plan(spans, start, end)
+            pieces, holes = [], []
+            for at, upto, span in plan:
+                if span is None:
+                    holes.append((at, upto))
+                    continue
+                low, high, name = span
+                piece = self.slice(f"{base}/{name}", high - low, at - low, upto - at)
+                if piece is None:  # dropped as damaged (or evicted): plan again without it
+                    spans = [s for s in spans if s != span]
+                    self._listed[base] = spans
+                    break
+                pieces.append((at, piece))
+            else:
+                return pieces, holes
+
+    def list(self, folder: str) -> list[_Span]:
+        """The range entries in ``folder`` now (remembered for ``assemble``)."""
         try:
             names = os.listdir(folder)
         except FileNotFoundError:
-            return [], [(start, end)]
+            names = []
         spans = []
         for name in names:
             match = RANGE_ENTRY.match(name)
             if match is not None:
-                low, high = int(match.group(1)), int(match.group(2))
-                if low < end and high > start:
-                    spans.append((low, high, name))
-        pieces: list[tuple[int, bytes]] = []
-        holes: list[tuple[int, int]] = []
-        at = start
-        while at < end:
-            best = None
-            for low, high, name in spans:
-                if low <= at < high and (best is None or high > best[1]):
-                    best = (low, high, name)
-            if best is None:  # a hole up to the next entry that starts later
-                upto = min([low for low, _h, _n in spans if low > at] + [end])
-                holes.append((at, upto))
-                at = upto
-                continue
-            low, high, name = best
-            upto = min(high, end)
-            piece = self.slice(folder / name, high - low, at - low, upto - at)
-            if piece is None:  # dropped as damaged (or evicted): fetched again
-                spans.remove(best)
-                continue
+                spans.append((int(match.group(1)), int(match.group(2)), name))
+        if len(self._listed) >= LISTINGS_KEPT and folder not in self._listed:
+            self._listed.clear()
+        self._listed[folder] = spans
+        return spans
+
+    def wrote(self, folder: str, low: int, high: int, name: str) -> None:
+        """Note an entry this process just put in place (if its folder's listing is kept)."""
+        known = self._listed.get(folder)
+        if known is not None and (low, high, name) not in known:
+            known.append((low, high, name))
+
+    def spans(self, folder: str) -> list[_Span]:
+        """The range entries this process last saw in ``folder`` (none if not listed)."""
+        return list(self._listed.get(folder, ()))
+
+    def deleted(self, folder: str, spans: list[_Span]) -> None:
+        """Note entries this process deleted from ``folder``."""
+        known = self._listed.get(folder)
+        if known is not None:
+            self._listed[folder] = [span for span in known if span not in spans]
+
+    def forget_listings(self, folder: str | None = None) -> None:
+        """Forget a folder's listing (or all): entries were deleted (dropped, evicted)."""
+        if folder is None:
+            self._listed.clear()
+        else:
+            self._listed.pop(folder, None)
+
+    def _read(self, base: str, plan: list[tuple[int, int, _Span | None]]) -> list | None:
+        """The pieces of a plan without holes, or ``None`` if an entry is gone or bad."""
+        pieces = []
+        for at, upto, span in plan:
+            assert span is not None
+            low, high, name = span
+            piece = self.slice(f"{base}/{name}", high - low, at - low, upto - at)
+            if piece is None:
+                return None
             pieces.append((at, piece))
-            at = upto
-        return pieces, holes
+        return pieces
 
     def whole(self, path: Path) -> bytes | None:
         """The payload of the entry at ``path`` (a suffix, an object), or ``None``."""
@@ -80,14 +160,14 @@ class EntryReader:
             return None
         return self.slice(path, size - HEADER, 0, size - HEADER)
 
-    def slice(self, path: Path, payload: int, offset: int, nbytes: int) -> bytes | None:
+    def slice(self, path: str | Path, payload: int, offset: int, nbytes: int) -> bytes | None:
         """``nbytes`` at ``offset`` of an entry's payload; the entry is checked on first use."""
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
             return None  # evicted by another process since the listing
         try:
-            name = str(path)
+            name = os.fspath(path)
             if name not in self.verified:
                 whole = os.pread(fd, HEADER + payload + 1, 0)
                 if not intact(whole, payload):

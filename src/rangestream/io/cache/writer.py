@@ -8,8 +8,9 @@ and released by the thread once the entries are in place, so the order every oth
 relies on holds ("store, then release": ``claims``): a process that wants those bytes now
 waits for the claim and reads the entry, as it would for another process's.
 
-A reader of this process looking up an object whose entries are still queued waits for
-them first, so a range it kept is a hit, as before. Pending bytes are bounded
+A reader of this process looking up bytes whose entries are still queued waits for them
+first, so a range it kept is a hit, as before; entries of other bytes of the same object
+are not waited for. Pending bytes are bounded
 (``MAX_PENDING_BYTES``): past it, the call writes its entries itself. Before a fork (a
 DataLoader worker starting) the queue is drained, so a child never inherits a write half
 done; the thread is not a daemon, so the interpreter's exit (a multiprocessing child's too,
@@ -23,13 +24,16 @@ import warnings
 import weakref
 from collections import deque
 from collections.abc import Sequence
+from contextlib import suppress
 from typing import Protocol
 
 from rangestream.io.cache.claims import ClaimedParts
-from rangestream.io.ranges import ByteRequest
+from rangestream.io.ranges import ByteRequest, RangeRequest
 
 __all__ = ["IDLE_SECONDS", "MAX_PENDING_BYTES", "EntryWriter", "drain_all"]
 
+#: An end past any object's: a wait for every offset of an object.
+_EVERY = 1 << 62
 #: Bytes queued for writing at most, per cache; a call past it writes its own entries.
 MAX_PENDING_BYTES = 64 << 20
 
@@ -66,8 +70,9 @@ class EntryWriter:
         self._cond = threading.Condition()
         self._pending = 0
         self._busy = False
-        #: keys with entries queued or being written: key -> count
-        self._keys: dict[str, int] = {}
+        #: keys with entries queued or being written: key -> their byte spans (a suffix or
+        #: a whole object spans every offset)
+        self._keys: dict[str, list[tuple[int, int]]] = {}
         self._thread: threading.Thread | None = None
 
     def submit(
@@ -86,7 +91,7 @@ class EntryWriter:
                 self._jobs.append((cache, url, kept, parts))
                 self._pending += nbytes
                 for request, _data in kept:
-                    self._keys[request.key] = self._keys.get(request.key, 0) + 1
+                    self._keys.setdefault(request.key, []).append(_span(request))
                 if self._thread is None:
                     # not a daemon: the interpreter's exit (and a multiprocessing child's)
                     # joins it, so queued entries are kept before the process ends
@@ -98,12 +103,18 @@ class EntryWriter:
                 return
         self._write((cache, url, kept, parts))
 
-    def wait_for(self, key: str) -> None:
-        """Return once no entry of ``key`` is queued or being written."""
+    def wait_for(self, key: str, start: int = 0, end: int = _EVERY) -> None:
+        """Return once no entry of ``key`` over bytes ``[start, end)`` is queued or being
+        written.
+
+        Why by span and not by key: a block-shuffled reader's next fetch call is usually
+        the next run of the same object; waiting for the entry of the run before it (which
+        it does not need) put the writer's file work back on the call's path.
+        """
         if key not in self._keys:  # no lock: a dict lookup is atomic; the common case
             return
         with self._cond:
-            while key in self._keys:
+            while any(low < end and high > start for low, high in self._keys.get(key, ())):
                 self._cond.wait()
 
     def drain(self) -> None:
@@ -135,10 +146,10 @@ class EntryWriter:
                     self._busy = False
                     self._pending -= sum(len(d) for _r, d in entries)
                     for request, _data in entries:
-                        left = self._keys.get(request.key, 1) - 1
-                        if left > 0:
-                            self._keys[request.key] = left
-                        else:
+                        spans = self._keys.get(request.key, [])
+                        with suppress(ValueError):
+                            spans.remove(_span(request))
+                        if not spans:
                             self._keys.pop(request.key, None)
                     self._cond.notify_all()
 
@@ -159,6 +170,14 @@ class EntryWriter:
     def reset_after_fork(self) -> None:
         """A forked child starts with an empty queue and no thread (the parent drained)."""
         self._reset()
+
+
+def _span(request: ByteRequest) -> tuple[int, int]:
+    """The bytes of an object an entry holds (all of them for a suffix or an object: its
+    offsets are not known before it is fetched)."""
+    if isinstance(request, RangeRequest):
+        return request.start, request.end
+    return 0, _EVERY
 
 
 def _immutable(data: bytes | memoryview) -> bool:
