@@ -15,19 +15,29 @@ counted once, whichever path serves it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from rangestream.layout.block import ArrayLayout
-
-if TYPE_CHECKING:
-    from rangestream.storage.temporal.read import OpenedTemporal, Selection
+from rangestream.layout.mapped_executor import MappedExecutor
+from rangestream.layout.pieces import StoredArray
+from rangestream.storage.temporal.index import RecordIndex
+from rangestream.storage.temporal.selection import Selection, as_written
 
 __all__ = ["WindowReader", "make_window_reader", "no_window"]
 
 #: ``read(record, start)``: the window as a dict, or ``None`` where the program must read it.
 WindowReader = Callable[[int, int], "dict[str, Any] | None"]
+
+
+class MappedWindowSource(Protocol):
+    """What a window reader needs of an opened temporal version (``OpenedTemporal``)."""
+
+    mapped: MappedExecutor | None
+    copiers: list[Any]
+    arrays: list[list[StoredArray]]
+    index: RecordIndex
 
 
 def no_window(_record: int, _start: int) -> None:
@@ -44,7 +54,9 @@ def _uncount(counter: list[int], layout: ArrayLayout, first: int, frames: int) -
     counter[1] -= chunks * layout.stored_chunk_nbytes
 
 
-def make_window_reader(opened: OpenedTemporal, selection: Selection, frames: int) -> WindowReader:
+def make_window_reader(
+    opened: MappedWindowSource, selection: Selection, frames: int
+) -> WindowReader:
     """The reader of ``frames``-frame windows of ``selection`` out of mapped blocks."""
     mapped = opened.mapped
     copiers = opened.copiers
@@ -75,8 +87,6 @@ def make_window_reader(opened: OpenedTemporal, selection: Selection, frames: int
     singles = None
     if all(len(slots) == 1 for _copy, _layout, _counter, slots in plan):
         singles = tuple((copy, *slots[0]) for copy, _layout, _counter, slots in plan)
-    if torch:
-        from rangestream.storage.temporal.read import as_written
 
     def undo(done: int, first: int) -> None:
         for _copy, layout, counter, _slots in plan[:done]:
