@@ -334,6 +334,42 @@ def test_counts_of_a_collected_reader_still_reach_the_process_totals() -> None:
     assert _process_totals() == (before[0] + 4, before[1] + 40, before[2] + 4)
 
 
+def test_process_totals_are_the_sum_of_every_counters_snapshot() -> None:
+    """Summed in one pass, the totals equal adding the snapshots one by one: kinds with no
+    requests (or no bytes) are left out of that split, cache and retry counts added."""
+    import gc
+
+    from rangestream.io.stats import IOCounter, IOStats, process_io_stats
+
+    gc.collect()
+    before = process_io_stats()
+    counters = [IOCounter() for _ in range(3)]
+    counters[0].count("stream", 100)
+    counters[0].count("stream", 20, retry=True)
+    counters[0].of("never-read")  # a kind with nothing counted
+    counters[1].count("payload_heap", 7)
+    counters[1].of("stream")[0] += 1  # a request that returned no bytes
+    counters[1].fail()
+    counters[2].cache[:] = [3, 1, 4096, 1]
+    expected = IOStats(
+        requests=4,
+        bytes=127,
+        retries=1,
+        failures=1,
+        by_key_kind={"stream": 3, "payload_heap": 1},
+        bytes_by_key_kind={"stream": 120, "payload_heap": 7},
+        cache_hits=3,
+        cache_misses=1,
+        cache_bytes=4096,
+        cache_dropped=1,
+    )
+    by_snapshots = IOStats()
+    for counter in counters:
+        by_snapshots = by_snapshots + counter.snapshot()
+    assert by_snapshots == expected
+    assert process_io_stats() - before == expected
+
+
 def test_counts_made_before_a_fork_stay_the_parents() -> None:
     import os
 

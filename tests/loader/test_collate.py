@@ -175,3 +175,33 @@ def test_workers_collate_large_batches_straight_into_shared_memory_and_small_one
             results[1][0].numpy(), np.arange(size) + np.arange(3, 6)[:, None]
         )
     assert not stack_collate([np.arange(2), np.arange(2)]).is_shared()  # not in a worker
+
+
+@pytest.mark.parametrize("dtype", ["uint16", "int32", "int64", "float32", "bool", ">i4"])
+def test_stack_collate_stacks_alike_arrays_as_numpy_stacks_them(dtype: str) -> None:
+    """Arrays of one shape and dtype (token windows) take the short path; anything else the
+    general one (a non-native byte order among them): the same values, dtype and shape
+    either way."""
+    base = (np.arange(24) % 7).astype(dtype).reshape(4, 6)
+    rows = [base[i, ::2] for i in range(4)]  # strided views
+    batch = stack_collate(rows)
+    expected = np.stack(rows)
+    assert batch.dtype == torch.from_numpy(expected).dtype
+    assert tuple(batch.shape) == expected.shape and batch.is_contiguous()
+    np.testing.assert_array_equal(batch.numpy(), expected)
+    base[0, 0] = 1 - base[0, 0]  # the batch owns its memory
+    np.testing.assert_array_equal(batch.numpy(), expected)
+    if not np.dtype(dtype).isnative:
+        return
+    mixed = stack_collate([rows[0], torch.from_numpy(rows[1].copy())])  # not all arrays
+    np.testing.assert_array_equal(mixed.numpy(), np.stack(rows[:2]))
+    widened = stack_collate([rows[0].astype(np.int64), rows[1]])  # dtypes differ: promoted
+    assert widened.dtype == torch.from_numpy(np.stack([rows[0].astype(np.int64), rows[1]])).dtype
+
+
+def test_stack_collate_takes_the_first_samples_key_order_whatever_the_others() -> None:
+    batch = stack_collate(
+        [{"a": np.arange(2), "b": np.ones(2)}, {"b": np.zeros(2), "a": np.arange(2)}]
+    )
+    assert list(batch) == ["a", "b"]
+    np.testing.assert_array_equal(batch["b"].numpy(), [[1.0, 1.0], [0.0, 0.0]])

@@ -95,3 +95,73 @@ def test_a_loader_with_workers_yields_plain_tensors_of_either_size(tmp_path: Pat
             first = number * 2 * sequence_length
             expected = torch.arange(first, first + 2 * sequence_length, dtype=torch.int32)
             assert torch.equal(tokens.reshape(-1), expected)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "low", "high", "itemsize"),
+    [
+        (torch.int64, 0, 50_256, 2),  # GPT-2 token ids: uint16
+        (torch.int64, 0, 255, 1),
+        (torch.int64, -100, 30_000, 2),  # int16
+        (torch.int64, -5, 70_000, 4),  # int32
+        (torch.int64, 0, 2**40, 8),  # nothing narrower holds it
+        (torch.int32, 0, 50_000, 2),
+        (torch.int32, -40_000, 5, 4),  # int32 is as narrow as it gets
+    ],
+)
+def test_wide_integer_tensors_cross_in_the_narrowest_dtype_that_holds_their_values(
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, low: int, high: int, itemsize: int
+) -> None:
+    """The message carries ``itemsize`` bytes per element (counted in the pickled bytes),
+    the main process gets the tensor in its own dtype with exactly its values."""
+    in_a_worker(monkeypatch)
+    elements = 8 * 2049
+    values = torch.arange(elements, dtype=torch.int64) % (high - low + 1) + low
+    values[0], values[-1] = low, high  # the range's two ends
+    tensor = values.to(dtype).reshape(8, 2049)
+    assert int(tensor.min()) == low and int(tensor.max()) == high
+    wire = bytes(ForkingPickler.dumps(for_transport({"input_ids": tensor, "step": 3})))
+    assert elements * itemsize <= len(wire) < elements * itemsize + 512
+    got = pickle.loads(wire)
+    assert got["step"] == 3
+    arrived = got["input_ids"]
+    assert type(arrived) is torch.Tensor and arrived.dtype == dtype
+    assert arrived.shape == tensor.shape and torch.equal(arrived, tensor)
+    arrived[0, 0] = -1  # writable, and its own memory
+    assert tensor[0, 0] == low
+
+
+def test_small_or_other_tensors_cross_as_they_are(monkeypatch: pytest.MonkeyPatch) -> None:
+    in_a_worker(monkeypatch)
+    small = torch.arange(transport.NARROW_MIN_ELEMENTS - 1, dtype=torch.int64)
+    floats = torch.arange(4096, dtype=torch.float64)
+    short = torch.arange(4096, dtype=torch.int16)  # already narrow
+    for tensor in (small, floats, short):
+        wire = bytes(ForkingPickler.dumps(for_transport(tensor)))
+        assert len(wire) >= tensor.nbytes
+        got = pickle.loads(wire)
+        assert got.dtype == tensor.dtype and torch.equal(got, tensor)
+
+
+@pytest.mark.parametrize("stored", ["<u2", "<i4"])
+def test_a_loader_with_workers_hands_out_int64_token_ids_of_narrow_storage(
+    tmp_path: Path, stored: str
+) -> None:
+    """Token ids stored as uint16 or int32 cross narrowed and arrive as the int64 the
+    loader's batches are documented to hold, with exactly the stored values."""
+    dtype = np.dtype([("tokens", stored)])
+    tokens = (np.arange(40_000) * 7919 % 50_257).astype(stored)
+    storage = StreamStorage(tmp_path / "ds", StreamNumpyFormat(dtype))
+    with storage.sync_writer() as writer:
+        writer.append(0, {"tokens": tokens})
+    loader = StatefulDataLoader.from_storage(
+        storage, sequence_length=1024, batch_size=2, num_workers=2,
+        shuffle=False, head_start=False,  # every batch crosses from a worker
+    )  # fmt: skip
+    batches = [batch["tokens"] for batch in loader]
+    assert len(batches) == 40_000 // 1024 // 2
+    for number, batch in enumerate(batches):
+        assert batch.dtype == torch.int64 and tuple(batch.shape) == (2, 1024)
+        first = number * 2 * 1024
+        expected = tokens[first : first + 2 * 1024].astype(np.int64).reshape(2, 1024)
+        np.testing.assert_array_equal(batch.numpy(), expected)

@@ -31,7 +31,14 @@ from rangestream.loader.sources.protocol import (
     storage_commit,
 )
 
-__all__ = ["SHUFFLES", "IndexedDataset", "IndexedSource", "shuffle_mode", "widen_integers"]
+__all__ = [
+    "SHUFFLES",
+    "IndexedDataset",
+    "IndexedSource",
+    "shuffle_mode",
+    "widen_integers",
+    "widen_many",
+]
 
 #: Fields made by the loader, not read: kept in the dtype their consumer takes
 #: (flash-attention's varlen kernels take ``int32`` ``cu_seqlens``).
@@ -64,6 +71,72 @@ def widen_integers(sample: Any, dtype: np.dtype[Any]) -> Any:
         items = [widen_integers(item, dtype) for item in sample]
         return type(sample)(*items) if hasattr(sample, "_fields") else tuple(items)
     return sample
+
+
+def widen_many(samples: Sequence[Any], dtype: np.dtype[Any]) -> list[Any]:
+    """:func:`widen_integers` of every sample of one read, cast together where they agree.
+
+    The samples of one ``read_many`` (a block-shuffle run: hundreds of windows) are
+    usually alike: bare arrays, or dicts of arrays, of one shape and dtype per key. Cast
+    one by one, each costs a walk of its structure and an ``astype`` (about 2.5 us a
+    window of 2,049 tokens); alike, each key's arrays are cast in one copy into one array
+    whose rows are the samples' new arrays (about 1.3 us). Rows of one array never
+    overlap, so a sample changed in place changes no other. Samples that differ in
+    structure, shape or dtype, structured arrays and loader fields take
+    :func:`widen_integers` one by one; the values are the same either way.
+    """
+    if len(samples) > 1:
+        first = samples[0]
+        if type(first) is dict:
+            alike = _widen_dicts(samples, list(first), dtype)
+            if alike is not None:
+                return alike
+        elif type(first) is np.ndarray:
+            column = _widen_column(samples, dtype)
+            if column is not None:
+                return list(column)
+    return [widen_integers(sample, dtype) for sample in samples]
+
+
+def _widen_column(values: Sequence[Any], dtype: np.dtype[Any]) -> Sequence[Any] | None:
+    """``values`` (one key of every sample) widened together: the values themselves when
+    they need no cast, rows of one new array when they do, ``None`` when they are not
+    plain arrays of one shape and dtype (then each sample is widened alone)."""
+    first = values[0]
+    if type(first) is not np.ndarray:
+        return None
+    kind, shape = first.dtype, first.shape
+    if kind.names is not None or not kind.isnative:
+        return None
+    for value in values:
+        if type(value) is not np.ndarray or value.dtype != kind or value.shape != shape:
+            return None
+    if kind.kind not in "iu" or kind == dtype:
+        return values  # as widen_integers leaves them
+    out = np.empty((len(values), *shape), dtype=dtype)
+    for row, value in enumerate(values):
+        out[row] = value  # a cast copy, as ``astype`` makes
+    return out
+
+
+def _widen_dicts(samples: Sequence[Any], keys: list[Any], dtype: np.dtype[Any]) -> list[Any] | None:
+    """Dict samples with the keys of the first, widened key by key; ``None`` if they are
+    not all alike (:func:`_widen_column`)."""
+    count = len(keys)  # the same keys in the same order: each sample's own order is kept
+    for sample in samples:
+        if type(sample) is not dict or len(sample) != count or list(sample) != keys:
+            return None
+    columns = []
+    try:
+        for key in keys:
+            values = [sample[key] for sample in samples]
+            column = values if key in _LOADER_FIELDS else _widen_column(values, dtype)
+            if column is None:
+                return None
+            columns.append(column)
+    except KeyError:
+        return None
+    return [dict(zip(keys, row, strict=True)) for row in zip(*columns, strict=True)]
 
 
 SHUFFLES = tuple(shuffle.mode for shuffle in (Shuffle.BLOCK, Shuffle.WINDOW, Shuffle.NONE))
@@ -232,7 +305,7 @@ class IndexedSource(SampleSource):
         dtype = self.token_dtype
         if dtype is None:
             return list(samples)
-        return [widen_integers(sample, dtype) for sample in samples]
+        return widen_many(samples, dtype)
 
     def read_many_sync(self, reader: Any, requests: list[int]) -> list[Any]:
         return self._cast(reader.read_many(requests))
