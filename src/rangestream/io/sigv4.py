@@ -22,6 +22,8 @@ import hashlib
 import hmac
 import time
 from collections.abc import Mapping
+from hashlib import sha256
+from hmac import digest as _digest
 from urllib.parse import urlsplit
 
 __all__ = ["EMPTY_SHA256", "SigV4Signer"]
@@ -69,6 +71,7 @@ class SigV4Signer:
 
     __slots__ = (
         "_access_key",
+        "_clock",
         "_day",
         "_host_of",
         "_key",
@@ -94,6 +97,7 @@ class SigV4Signer:
         self._day = ""
         self._key = b""
         self._host_of: dict[str, tuple[str, str]] = {}  # netloc -> (host header, scheme)
+        self._clock = (-1, "")  # (second, its X-Amz-Date)
 
     def _signing_key(self, day: str) -> bytes:
         if day != self._day:
@@ -125,10 +129,7 @@ class SigV4Signer:
             if name.lower() in _RESERVED:
                 raise ValueError(f"SigV4Signer sets the {name} header itself")
         if timestamp is None:
-            # gmtime() without an argument reads C's time(), which glibc serves from the
-            # coarse clock (up to a tick behind): near a second's start it names the second
-            # before the one time.time() and datetime.now() (botocore's clock) already show.
-            timestamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time()))
+            timestamp = self._now()
         out.append(("X-Amz-Date", timestamp))
         if self._token is not None:
             out.append(("X-Amz-Security-Token", self._token))
@@ -143,24 +144,25 @@ class SigV4Signer:
             signed["host"] = self._host(scheme, netloc, url)
         names = sorted(signed)
         signed_headers = ";".join(names)
-        canonical = "\n".join(
+        canonical = "".join(
             (
                 method.upper(),
+                "\n",
                 path,
-                "",  # no query string
-                "".join(f"{name}:{signed[name]}\n" for name in names),
+                "\n\n",  # no query string
+                "".join([f"{name}:{signed[name]}\n" for name in names]),
+                "\n",
                 signed_headers,
+                "\n",
                 EMPTY_SHA256,
             )
         )
         day = timestamp[:8]
         scope = f"{day}/{self._region}/{self._service}/aws4_request"
-        string_to_sign = "\n".join(
-            (_ALGORITHM, timestamp, scope, hashlib.sha256(canonical.encode()).hexdigest())
+        string_to_sign = (
+            f"{_ALGORITHM}\n{timestamp}\n{scope}\n{sha256(canonical.encode()).hexdigest()}"
         )
-        signature = hmac.new(
-            self._signing_key(day), string_to_sign.encode(), hashlib.sha256
-        ).hexdigest()
+        signature = _digest(self._signing_key(day), string_to_sign.encode(), "sha256").hex()
         out.append(
             (
                 "Authorization",
@@ -169,6 +171,19 @@ class SigV4Signer:
             )
         )
         return out
+
+    def _now(self) -> str:
+        """This second's ``X-Amz-Date``, formatted once per second.
+
+        ``time.time()``, as botocore's ``datetime.now()``: ``gmtime()`` without an argument
+        reads C's time(), which glibc serves from the coarse clock (up to a tick behind), so
+        near a second's start it named the second before the one botocore already shows.
+        """
+        second = int(time.time())
+        clock = self._clock
+        if clock[0] != second:  # one tuple: a racing thread sees one second or the next
+            clock = self._clock = (second, time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(second)))
+        return clock[1]
 
     def _host(self, scheme: str, netloc: str, url: str) -> str:
         """The ``host`` header value botocore signs: lowercase, no default port, no userinfo."""
