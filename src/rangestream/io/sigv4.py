@@ -23,7 +23,7 @@ import hmac
 import time
 from collections.abc import Mapping
 from hashlib import sha256
-from hmac import digest as _digest
+from typing import Any
 from urllib.parse import urlsplit
 
 __all__ = ["EMPTY_SHA256", "SigV4Signer"]
@@ -72,7 +72,6 @@ class SigV4Signer:
     __slots__ = (
         "_access_key",
         "_clock",
-        "_day",
         "_host_of",
         "_key",
         "_region",
@@ -94,18 +93,20 @@ class SigV4Signer:
         self._token = token or None
         self._region = region
         self._service = service
-        self._day = ""
-        self._key = b""
+        self._key: tuple[str, Any] = ("", None)  # (day, HMAC keyed for it)
         self._host_of: dict[str, tuple[str, str]] = {}  # netloc -> (host header, scheme)
         self._clock = (-1, "")  # (second, its X-Amz-Date)
 
-    def _signing_key(self, day: str) -> bytes:
-        if day != self._day:
+    def _keyed(self, day: str) -> Any:
+        """An HMAC keyed with ``day``'s signing key, copied for each signature: the key is
+        derived, and its padded blocks hashed, once a day instead of on every request."""
+        keyed = self._key
+        if keyed[0] != day:  # one tuple: a racing thread sees one day's pair or the other's
             key = _hmac(f"AWS4{self._secret}".encode(), day)
             for part in (self._region, self._service, "aws4_request"):
                 key = _hmac(key, part)
-            self._key, self._day = key, day  # a racing thread derives the same key
-        return self._key
+            keyed = self._key = (day, hmac.new(key, digestmod=hashlib.sha256))
+        return keyed[1]
 
     def sign(
         self,
@@ -162,7 +163,9 @@ class SigV4Signer:
         string_to_sign = (
             f"{_ALGORITHM}\n{timestamp}\n{scope}\n{sha256(canonical.encode()).hexdigest()}"
         )
-        signature = _digest(self._signing_key(day), string_to_sign.encode(), "sha256").hex()
+        mac = self._keyed(day).copy()
+        mac.update(string_to_sign.encode())
+        signature = mac.hexdigest()
         out.append(
             (
                 "Authorization",
