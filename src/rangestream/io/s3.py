@@ -223,10 +223,16 @@ class _LeanReads:
         self.config = config
         self.key = "lean-reads:" + store._shared_key(store._options())
         self._clients = ProcessLocal[weakref.WeakKeyDictionary[Any, S3ReadClient]]()
+        #: the last loop asked for (weakly) and its client: every range GET asks, and a
+        #: weak-keyed lookup makes a weak reference each time
+        self._last = ProcessLocal[tuple[weakref.ref[Any], S3ReadClient]]()
 
     async def client(self) -> S3ReadClient:
-        clients = self._clients.get_or_make(weakref.WeakKeyDictionary)
         loop = asyncio.get_running_loop()
+        last = self._last.value
+        if last is not None and last[0]() is loop:
+            return last[1]
+        clients = self._clients.get_or_make(weakref.WeakKeyDictionary)
         client = clients.get(loop)
         if client is None:
 
@@ -234,16 +240,22 @@ class _LeanReads:
                 return S3ReadClient(self.config)
 
             client = clients[loop] = await shared_client(self.key, make)
+        self._last.value = (weakref.ref(loop), client)
         return client
 
     async def connect(self) -> None:
         await self.client()
 
     def is_connected(self) -> bool:
+        loop = asyncio.get_running_loop()
+        last = self._last.value
+        if last is not None and last[0]() is loop:
+            return True
         clients = self._clients.value
-        return clients is not None and asyncio.get_running_loop() in clients
+        return clients is not None and loop in clients
 
     def forget_loop(self) -> None:
+        self._last.value = None
         clients = self._clients.value
         if clients is not None:
             with contextlib.suppress(RuntimeError):
