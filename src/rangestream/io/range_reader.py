@@ -216,7 +216,10 @@ class RangeReader:
         tasks = [asyncio.ensure_future(self._fetch_one(r, r.end - r.start)) for r in rest]
         try:
             head = await self._fetch_one(first, first.end - first.start)
-            tail = await asyncio.gather(*tasks) if tasks else []
+            if len(tasks) == 1:  # a temporal window's two groups: no gathering future
+                tail = [await tasks[0]]
+            else:
+                tail = await asyncio.gather(*tasks) if tasks else []
         except BaseException:
             for task in tasks:
                 task.cancel()

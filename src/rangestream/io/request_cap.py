@@ -65,6 +65,9 @@ DEFAULT_PROCESS_MAX_REQUESTS = _default_cap()
 _cap = DEFAULT_PROCESS_MAX_REQUESTS
 #: Per event loop of this process: the semaphore of its requests in flight.
 _slots = ProcessLocal[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore]]()
+#: The last loop asked for (weakly) and its semaphore: every request asks, and a weak-keyed
+#: lookup makes a weak reference each time.
+_last = ProcessLocal[tuple[weakref.ref[asyncio.AbstractEventLoop], asyncio.Semaphore]]()
 
 
 def process_max_requests() -> int:
@@ -84,13 +87,18 @@ def set_process_max_concurrency(limit: int) -> None:
         raise ValueError(f"the process request bound must be an integer >= 1, got {limit!r}")
     _cap = limit
     _slots.pop()
+    _last.pop()
 
 
 def process_slots() -> asyncio.Semaphore:
     """The running loop's semaphore of requests in flight (``process_max_requests`` slots)."""
-    by_loop = _slots.value or _slots.get_or_make(weakref.WeakKeyDictionary)
     loop = asyncio.get_running_loop()
+    last = _last.value
+    if last is not None and last[0]() is loop:
+        return last[1]
+    by_loop = _slots.value or _slots.get_or_make(weakref.WeakKeyDictionary)
     semaphore = by_loop.get(loop)
     if semaphore is None:
         semaphore = by_loop[loop] = asyncio.Semaphore(_cap)
+    _last.value = (weakref.ref(loop), semaphore)
     return semaphore
