@@ -213,7 +213,8 @@ class RangeReader:
         ):
             return await self.fetch(requests, max_concurrency=max_concurrency)
         first, *rest = requests
-        tasks = [asyncio.ensure_future(self._fetch_one(r, r.end - r.start)) for r in rest]
+        start = asyncio.get_running_loop().create_task  # (ensure_future checks its argument)
+        tasks = [start(self._fetch_one(r, r.end - r.start)) for r in rest]
         try:
             head = await self._fetch_one(first, first.end - first.start)
             if len(tasks) == 1:  # a temporal window's two groups: no gathering future
