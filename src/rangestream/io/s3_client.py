@@ -161,6 +161,14 @@ class S3ReadClient:
             "GET", bucket, key, {"Range": f"bytes={start}-{end - 1}"}, limit=end
         )
         content_range = headers.get("Content-Range")
+        if status == 206 and content_range is not None and len(body) == end - start:
+            # the answer of nearly every read: exactly the range asked for (what
+            # ``ranged_body`` accepts first, without its regular expression and messages)
+            prefix = f"bytes {start}-{end - 1}/"
+            if content_range.startswith(prefix):
+                total = content_range[len(prefix) :]
+                if total == "*" or (total.isdigit() and total.isascii()):
+                    return body
         announced = headers.get("Content-Length")
         object_size = None
         if needs_object_size(status, content_range, start):
