@@ -83,11 +83,11 @@ from rangestream.io.cache.entries import (
     HEADER,
     RANGE_ENTRY,
     dataset_id,
-    entry_header,
     entry_name,
     is_cacheable_key,
     object_folder,
     temp_path,
+    write_entry,
 )
 from rangestream.io.cache.reading import EntryReader, Pieces
 from rangestream.io.cache.writer import EntryWriter
@@ -341,7 +341,7 @@ class ByteCache:
         try:
             fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
             try:
-                _write_all(fd, [entry_header(data), data])
+                write_entry(fd, data)
             finally:
                 os.close(fd)
             name = entry_name(request)
@@ -526,18 +526,6 @@ class ByteCache:
             with suppress(OSError):
                 os.close(self._lease[1])
         self._lease, self._slab = None, 0
-
-
-def _write_all(fd: int, parts: list[bytes | memoryview]) -> None:
-    """Write ``parts`` to ``fd`` in one ``writev`` (more only if the kernel writes less)."""
-    views = [memoryview(part).cast("B") for part in parts]
-    while views:
-        written = os.writev(fd, views)
-        while views and written >= len(views[0]):
-            written -= len(views[0])
-            views.pop(0)
-        if views and written:
-            views[0] = views[0][written:]
 
 
 def _weak(cache: ByteCache, name: str) -> Callable[..., None]:

@@ -39,6 +39,7 @@ __all__ = [
     "object_folder",
     "range_spans",
     "temp_path",
+    "write_entry",
 ]
 
 MAGIC = b"RSC1"
@@ -80,6 +81,19 @@ def entry_name(request: ByteRequest) -> str:
 def entry_header(payload: bytes | memoryview) -> bytes:
     """The header written before ``payload``."""
     return MAGIC + struct.pack("<I", google_crc32c.value(bytes(payload)))
+
+
+def write_entry(fd: int, payload: bytes | memoryview) -> None:
+    """Write the entry of ``payload`` (header, then payload) to ``fd`` in one ``writev``
+    (more only if the kernel writes less)."""
+    views = [memoryview(part).cast("B") for part in (entry_header(payload), payload)]
+    while views:
+        written = os.writev(fd, views)
+        while views and written >= len(views[0]):
+            written -= len(views[0])
+            views.pop(0)
+        if views and written:
+            views[0] = views[0][written:]
 
 
 def intact(whole: bytes, payload: int) -> bool:

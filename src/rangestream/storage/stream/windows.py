@@ -261,22 +261,8 @@ class OpenedStream(StreamRecords):
 
         lone = getattr(self.format, "lone_field", None)
         plain = lone() if callable(lone) else None
-        if plain is not None:  # a token stream: one plain array, no structured view
-            name, plain_dtype = plain
-
-            def read_plain(index: int) -> Any:
-                start = index * stride
-                if start < 0 or start > last:
-                    return None
-                part = bisect_right(bounds, start) - 1  # (bisect skips empty shards)
-                if start > bounds[part + 1] - length:
-                    return None  # spans shards
-                out = empty(length, plain_dtype)
-                if not copy(part, start - bounds[part], length, ((out, 0, itemsize),)):
-                    return None
-                return {name: out}
-
-            return self._keep_window_reader(length, stride, read_plain)
+        # a token stream: one plain array of the field's dtype, no structured view
+        name, out_dtype = plain if plain is not None else (None, dtype)
 
         def read(index: int) -> Any:
             start = index * stride
@@ -285,9 +271,11 @@ class OpenedStream(StreamRecords):
             part = bisect_right(bounds, start) - 1  # (bisect skips empty shards)
             if start > bounds[part + 1] - length:
                 return None  # spans shards
-            out = empty(length, dtype)
+            out = empty(length, out_dtype)
             if not copy(part, start - bounds[part], length, ((out, 0, itemsize),)):
                 return None
+            if name is not None:
+                return {name: out}
             segment = segments.get(part)
             if segment is None:
                 if len(segments) >= _MAX_SEGMENT_ARRAYS:
@@ -296,11 +284,6 @@ class OpenedStream(StreamRecords):
             lengths, shards = segment
             return unpack(out, lengths, shards)
 
-        return self._keep_window_reader(length, stride, read)
-
-    def _keep_window_reader(
-        self, length: int, stride: int, read: Callable[[int], Any]
-    ) -> Callable[[int], Any]:
         if len(self._window_readers) >= 64:
             self._window_readers.clear()
         self._window_readers[(length, stride)] = read
