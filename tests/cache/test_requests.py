@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rangestream.io import RangeReader, RangeRequest, open_store
-from rangestream.io.cache import ByteCache, summarize_cache
-from rangestream.io.cache.entries import HEADER
+from rangestream.io.cache import ByteCache
 
 KEY = "data/" + "12" * 16 + "/shards/0/stream/c/0/0"
 CONTENT = os.urandom(256 * 1024)
@@ -82,14 +81,3 @@ def test_a_cold_reader_makes_the_requests_it_makes_without_the_cache(tmp_path: P
     assert plain.log == [(KEY, 98304, 106528), (KEY, 0, 262144), (KEY, 8192, 49152)]
     cache.drain()
     assert reader.counter.cache[:2] == [2, 2]  # hits (the third call), misses (the first two)
-
-
-def test_an_entry_fetched_again_inside_a_larger_one_is_deleted(tmp_path: Path) -> None:
-    store = memory_store("covered")
-    cache = ByteCache(tmp_path, 1 << 20)
-    run(RangeReader(store, cache=cache), BLOCK_CALLS)
-    cache.drain()
-    # the block's entry covers the chunk's: the chunk's is gone, each byte kept once
-    entries = sorted(p.name for p in tmp_path.glob("*/*/*/r*"))
-    assert entries == ["r0-262144"]
-    assert summarize_cache(tmp_path).bytes == HEADER + 262144

@@ -353,7 +353,6 @@ class ByteCache:
                 os.replace(temp, final)
             if isinstance(request, RangeRequest):
                 self._entries.wrote(str(folder), request.start, request.end, name)
-                self._drop_covered(str(folder), request, name)
         except OSError as error:
             # the cache is being turned off for this process: a failed clean-up of its
             # own temp file leaves at most that file, which the next eviction scan removes
@@ -362,35 +361,6 @@ class ByteCache:
             with self._slab_mutex:
                 self._slab += nbytes  # not written: back to the slab, handed back below
             self._disable(f"writing {temp}", error)
-
-    def _drop_covered(self, folder: str, request: RangeRequest, name: str) -> None:
-        """Delete the entries this process knows of that the new entry ``name`` covers
-        whole (a range fetched again with the kept pieces inside it: ``claims``), so the
-        directory holds each byte once. Not counted as dropped: nothing was damaged.
-
-        A reader that listed one of them and opens it after finds it gone and lists the
-        folder again (``reading``): it reads the new entry.
-        """
-        covered = [
-            span
-            for span in self._entries.spans(folder)
-            if request.start <= span[0] and span[1] <= request.end and span[2] != name
-        ]
-        if not covered:
-            return
-        with locked(self.directory):
-            freed = 0
-            for low, high, entry in covered:
-                path = f"{folder}/{entry}"
-                try:
-                    os.unlink(path)
-                except FileNotFoundError:
-                    continue  # evicted or dropped by another process first
-                self._entries.verified.discard(path)
-                freed += HEADER + high - low  # as accounted when written
-            if freed:
-                write_size(self.directory, max(0, _read_size(self.directory) - freed))
-        self._entries.deleted(folder, covered)
 
     def _remember_url(self, url: str) -> None:
         if url in self._known_urls:

@@ -123,16 +123,6 @@ class EntryReader:
         if known is not None and (low, high, name) not in known:
             known.append((low, high, name))
 
-    def spans(self, folder: str) -> list[_Span]:
-        """The range entries this process last saw in ``folder`` (none if not listed)."""
-        return list(self._listed.get(folder, ()))
-
-    def deleted(self, folder: str, spans: list[_Span]) -> None:
-        """Note entries this process deleted from ``folder``."""
-        known = self._listed.get(folder)
-        if known is not None:
-            self._listed[folder] = [span for span in known if span not in spans]
-
     def forget_listings(self, folder: str | None = None) -> None:
         """Forget a folder's listing (or all): entries were deleted (dropped, evicted)."""
         if folder is None:
