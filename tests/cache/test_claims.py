@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from rangestream.io.cache import ByteCache
-from rangestream.io.cache.claims import CLAIMS, LOCKS, bridge_inner, split_covered
+from rangestream.io.cache.claims import CLAIMS, LOCKS, split_covered
 from rangestream.io.ranges import RangeRequest
 
 URL = "s3://bucket/dataset"
@@ -23,14 +23,6 @@ def test_split_covered_cuts_a_range_around_what_is_covered() -> None:
         [(20, 30), (30, 40), (90, 100)],
     )
     assert split_covered(10, 20, [(0, 50)]) == ([], [(10, 20)])
-
-
-def test_bridge_inner_fetches_kept_pieces_inside_a_range_and_trims_its_ends() -> None:
-    # kept [20, 40) inside, [90, 100) at the end: one span [0, 90), the end read
-    free, kept = split_covered(0, 100, [(20, 40), (90, 200)])
-    assert bridge_inner(free, kept) == ([(0, 90)], [(90, 100)])
-    assert bridge_inner([(0, 20)], [(20, 30)]) == ([(0, 20)], [(20, 30)])
-    assert bridge_inner([], [(10, 20)]) == ([], [(10, 20)])
 
 
 def test_a_second_claimer_waits_for_a_live_claim_and_reads_its_entry(tmp_path: Path) -> None:
@@ -50,17 +42,9 @@ def test_a_second_claimer_waits_for_a_live_claim_and_reads_its_entry(tmp_path: P
     assert pieces == [(100, OBJECT[100:300])] and holes == [] and counts == [0, 0, 200, 0]
     second.release(other)
     # every claim let go of: a new claimer waits for none, fetches what no entry holds
-    # (the entry inside the range is fetched again rather than cut out: one GET, not two)
-    third = ByteCache(tmp_path, 1 << 20)
-    again = third.claim(URL, [RangeRequest(KEY, 0, 400)])
-    assert again.mine == [RangeRequest(KEY, 0, 400)] and not again.theirs
-    assert not again.awaited
-    third.release(again)
-    # an entry at an end of the range only shortens it
-    trimmed = third.claim(URL, [RangeRequest(KEY, 150, 400)])
-    assert trimmed.mine == [RangeRequest(KEY, 300, 400)]
-    assert trimmed.theirs == [RangeRequest(KEY, 150, 300)] and not trimmed.awaited
-    third.release(trimmed)
+    again = ByteCache(tmp_path, 1 << 20).claim(URL, [RangeRequest(KEY, 0, 400)])
+    assert again.mine == [RangeRequest(KEY, 0, 100), RangeRequest(KEY, 300, 400)]
+    assert again.theirs == [RangeRequest(KEY, 100, 300)] and not again.awaited
     assert os.listdir(tmp_path / CLAIMS) == [LOCKS]  # no file made per claim
     # an entry kept and released: a later claimer neither fetches nor waits for it
     later = ByteCache(tmp_path, 1 << 20).claim(URL, [RangeRequest(KEY, 150, 250)])

@@ -52,7 +52,6 @@ __all__ = [
     "Claim",
     "ClaimedParts",
     "LockDescriptors",
-    "bridge_inner",
     "claim_free_parts",
     "claim_is_live",
     "open_locks",
@@ -214,25 +213,6 @@ def split_covered(
     return free, taken
 
 
-def bridge_inner(
-    free: list[tuple[int, int]], kept: list[tuple[int, int]]
-) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-    """The parts of one claimed range to fetch: its free parts as one span from the first to
-    the last, and the kept parts outside that span (read from their entries).
-
-    Why kept bytes inside are fetched again: S3 serves one range per GET, so cutting a
-    kept piece out of the middle of a range costs a request more, which the same reader
-    without a cache does not make; the reader's own coalescing already fetches up to a gap
-    of unwanted bytes to save a request. Kept pieces at the ends only shorten the request.
-    (Parts another process is fetching right now are not bridged: they are cut out before
-    this, by the locks, so no byte is fetched twice at once.)
-    """
-    if len(free) <= 1:
-        return free, kept
-    first, last = free[0][0], free[-1][1]
-    return [(first, last)], [(a, b) for a, b in kept if b <= first or a >= last]
-
-
 def _lock_free(
     descriptors: LockDescriptors, slot: int, start: int, end: int, parts: ClaimedParts
 ) -> list:
@@ -283,7 +263,6 @@ def claim_free_parts(
                 parts.theirs.append(RangeRequest(request.key, low, high))
                 continue
             free, kept = split_covered(low, high, spans[folder])
-            free, kept = bridge_inner(free, kept)
             for a, b in kept:  # an owner kept it and let go before we locked: read it
                 _lock(fd, fcntl.F_UNLCK, _span(slot, a, b))
                 parts.theirs.append(RangeRequest(request.key, a, b))

@@ -8,9 +8,7 @@ Before fetching, the groups are claimed (``claims``): the parts another process 
 node is fetching right now, or has just kept, are not fetched again but waited for and
 read from its entries, so ranks and workers sharing a directory fetch each byte once,
 coalesced gap bytes included. Without such a process (one reader, a cold epoch) every
-group is claimed whole and the requests are those made without a cache: bytes this node
-kept already inside a group are fetched again with it rather than cut out of it, which
-would cost a GET more (``claims.bridge_inner``); only those at its ends shorten it.
+group is claimed whole and the requests are those made without a cache.
 """
 
 from __future__ import annotations
