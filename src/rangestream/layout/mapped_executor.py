@@ -11,8 +11,8 @@ not depend on it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, Protocol
 
 from rangestream.errors import ChecksumError
 from rangestream.io import mapped as mapped_files
@@ -34,7 +34,7 @@ from rangestream.layout.pieces import (
 )
 from rangestream.layout.programs import PROBE_BLOCKS, BlockCopier, Program, Step, T
 
-__all__ = ["Fallback", "MappedExecutor"]
+__all__ = ["Fallback", "InlineBlocks", "MappedExecutor"]
 
 
 class _FallbackReader(Protocol):
@@ -55,6 +55,29 @@ class Fallback(Protocol):
     async def execute(self, step: Step, *, max_concurrency: int | None = None) -> list[Any]: ...
 
     def execute_sync(self, step: Step) -> list[Any]: ...
+
+
+class InlineBlocks(NamedTuple):
+    """What a hot path needs to try one mapped block's copy itself, before its copier.
+
+    A window reader that copies several groups per call saves a Python call per group by
+    doing the copier's first step inline: ``holder.value.files.get(key)`` with ``key =
+    base + (part << 40) + block`` (``MappedExecutor.block_copier``), then
+    ``copy_piece(mapped.data, outputs, row, rows, chunk_rows, stored, row_nbytes,
+    mapped.verified if verify else None, counter, mapped.live_size)``. Only status 0
+    (copied and counted) is final there: a block not mapped yet, a chunk not verified yet
+    or a truncated block goes to the copier, which maps, verifies or drops it.
+    """
+
+    holder: Any  # the map cache's entries holder: ``.value`` is ``None`` or has ``.files``
+    base: int
+    block_rows: int
+    chunk_rows: int
+    stored: int
+    row_nbytes: int
+    verify: bool
+    counter: list[int]
+    copy_piece: Callable[..., int]
 
 
 class MappedExecutor:
@@ -150,6 +173,34 @@ class MappedExecutor:
             return None  # shorter than the layout says: the remote executor reports it
         return mapped
 
+    def inline_blocks(
+        self,
+        arrays: Sequence[StoredArray],
+        layout: ArrayLayout | None = None,
+        *,
+        counter: list[int] | None = None,
+    ) -> InlineBlocks | None:
+        """The constants of ``block_copier(arrays, layout, counter=counter)``'s first try,
+        for a caller that makes it inline (:class:`InlineBlocks`), or ``None`` where that
+        copier would be ``None``."""
+        if not len(arrays):
+            return None
+        first = arrays[0]
+        kind = first.kind
+        if layout is None:
+            layout = getattr(arrays, "layout", None)
+        if layout is None:
+            layout = max((array.layout for array in arrays), key=lambda it: it.block_rows)
+            if any(not _alike(array.layout, layout) or array.kind != kind for array in arrays):
+                return None
+        if not layout.dense_chunks:
+            return None
+        return InlineBlocks(
+            self._entries, first.block_base, layout.block_rows, layout.chunk_rows,
+            layout.stored_chunk_nbytes, layout.row_nbytes, self.verify,
+            self.counter.of(kind) if counter is None else counter, self.copy_piece,
+        )  # fmt: skip
+
     def block_copier(
         self,
         arrays: Sequence[StoredArray],
@@ -180,25 +231,13 @@ class MappedExecutor:
         counter: a caller that serves several pieces as one request counts them itself
         (``OpenedDocuments.read_mapped``: the coalesced ranges of a batch).
         """
-        if not len(arrays):
+        inline = self.inline_blocks(arrays, layout, counter=counter)
+        if inline is None:
             return None
-        first = arrays[0]
-        kind = first.kind
-        if layout is None:
-            layout = getattr(arrays, "layout", None)
-        if layout is None:
-            layout = max((array.layout for array in arrays), key=lambda it: it.block_rows)
-            if any(not _alike(array.layout, layout) or array.kind != kind for array in arrays):
-                return None
-        if not layout.dense_chunks:
-            return None
-        block_rows, chunk_rows = layout.block_rows, layout.chunk_rows
-        stored, row_nbytes = layout.stored_chunk_nbytes, layout.row_nbytes
-        base = first.block_base
-        if counter is None:
-            counter = self.counter.of(kind)
-        holder, mapping, copy_piece = self._entries, self.mapping, self.copy_piece
-        verify, store = self.verify, self.store
+        holder, base, block_rows, chunk_rows, stored, row_nbytes, verify, counter, copy_piece = (
+            inline
+        )
+        mapping, store = self.mapping, self.store
 
         def copy(part: int, start: int, rows: int, outputs: tuple[Output, ...]) -> bool:
             block, row = divmod(start, block_rows)

@@ -19,8 +19,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from rangestream.layout.block import ArrayLayout
-from rangestream.layout.mapped_executor import MappedExecutor
+from rangestream.layout.mapped_executor import InlineBlocks, MappedExecutor
 from rangestream.layout.pieces import StoredArray
 from rangestream.storage.temporal.index import RecordIndex
 from rangestream.storage.temporal.selection import Selection, as_written
@@ -45,52 +44,54 @@ def no_window(_record: int, _start: int) -> None:
     return None
 
 
-def _uncount(counter: list[int], layout: ArrayLayout, first: int, frames: int) -> None:
-    """Take back what the copier counted for rows ``[first, first + frames)`` of one block:
+def _uncount(inline: InlineBlocks, first: int, frames: int) -> None:
+    """Take back what a copy counted for rows ``[first, first + frames)`` of one block:
     one request and the stored chunks it touched (``copy_piece``'s own count)."""
-    row = first % layout.block_rows
-    chunks = (row + frames - 1) // layout.chunk_rows + 1 - row // layout.chunk_rows
-    counter[0] -= 1
-    counter[1] -= chunks * layout.stored_chunk_nbytes
+    row = first % inline.block_rows
+    chunks = (row + frames - 1) // inline.chunk_rows + 1 - row // inline.chunk_rows
+    inline.counter[0] -= 1
+    inline.counter[1] -= chunks * inline.stored
 
 
 def make_window_reader(
     opened: MappedWindowSource, selection: Selection, frames: int
 ) -> WindowReader:
-    """The reader of ``frames``-frame windows of ``selection`` out of mapped blocks."""
+    """The reader of ``frames``-frame windows of ``selection`` out of mapped blocks.
+
+    Each group's copy is tried inline (``InlineBlocks``: one dictionary lookup and one
+    ``copy_piece`` call, no Python call in between, which halves the library's own time
+    per window); only a block not mapped yet, not verified yet or truncated takes the
+    group's copier.
+    """
     mapped = opened.mapped
     copiers = opened.copiers
-    if mapped is None or frames <= 0:
+    if mapped is None or frames <= 0 or not opened.arrays:
         return no_window
-    plan: list[tuple[Any, ArrayLayout, list[int], tuple[tuple[int, int, int], ...]]] = []
     position = {output.name: i for i, output in enumerate(selection.outputs)}
+    plan = []
     for number, outputs in selection.groups:
         copy = copiers[number]
-        if copy is None or not opened.arrays:
-            return no_window
-        # the copier addresses rows with the largest block among the shards' arrays
-        # (``MappedExecutor.block_copier``): the same arithmetic here
-        layout = max((arrays[number].layout for arrays in opened.arrays),
-                     key=lambda it: it.block_rows)  # fmt: skip
-        if frames > layout.block_rows:
-            return no_window  # never inside one block
-        counter = mapped.counter.of(opened.arrays[0][number].kind)  # the copier's own
+        inline = mapped.inline_blocks([arrays[number] for arrays in opened.arrays])
+        if copy is None or inline is None or frames > inline.block_rows:
+            return no_window  # not mapped, or never inside one block
         slots = tuple((position[o.name], o.offset, o.nbytes) for o in outputs)
-        plan.append((copy, layout, counter, slots))
+        plan.append((copy, inline, slots))
     names = tuple(output.name for output in selection.outputs)
     specs = tuple(((frames, *output.shape), output.dtype) for output in selection.outputs)
     torch = selection.torch
     index = opened.index
-    count, chunk_rows = index.count, index.chunk_rows
-    bounds = tuple(layout.block_rows for _copy, layout, _counter, _slots in plan)
+    count, chunk_rows, chunks = index.count, index.chunk_rows, index.chunks
+    bounds = tuple(inline.block_rows for _copy, inline, _slots in plan)
+    if not plan:
+        return no_window  # ``fields=[]``: the program checks the window, reads nothing
+    # one map cache, checking rule and copier per executor: the first group's
+    holder, verify, piece = plan[0][1].holder, plan[0][1].verify, plan[0][1].copy_piece
+    steps = tuple((copy, slots, *inline[1:6], inline.counter) for copy, inline, slots in plan)
     empty = np.empty
-    singles = None
-    if all(len(slots) == 1 for _copy, _layout, _counter, slots in plan):
-        singles = tuple((copy, *slots[0]) for copy, _layout, _counter, slots in plan)
 
     def undo(done: int, first: int) -> None:
-        for _copy, layout, counter, _slots in plan[:done]:
-            _uncount(counter, layout, first, frames)
+        for _copy, inline, _slots in plan[:done]:
+            _uncount(inline, first, frames)
 
     def read(record: int, start: int) -> dict[str, Any] | None:
         if type(record) is not int or type(start) is not int or start < 0:
@@ -98,7 +99,7 @@ def make_window_reader(
         if not 0 <= record < count:
             return None
         chunk, row = divmod(record, chunk_rows)
-        entry = index.chunks.get(chunk)
+        entry = chunks.get(chunk)
         if entry is None or start + frames > entry.item(row, 1):
             return None
         part = entry.item(row, 2)
@@ -107,18 +108,32 @@ def make_window_reader(
             if first % block_rows + frames > block_rows:
                 return None  # crosses a block boundary: the program reads both parts
         made = [empty(shape, dtype) for shape, dtype in specs]
-        if singles is not None:  # one field per group, the usual case: no tuples to build
-            for done, (copy, at, offset, nbytes) in enumerate(singles):
-                if not copy(part, first, frames, ((made[at], offset, nbytes),)):
-                    undo(done, first)
-                    return None
-        else:
-            for done, (copy, _layout, _counter, slots) in enumerate(plan):
+        entries = holder.value
+        files = None if entries is None else entries.files
+        high = part << 40
+        for done, (copy, slots, base, block_rows, per_chunk, stored, row_nbytes, counter) in (
+            enumerate(steps)
+        ):  # fmt: skip
+            if len(slots) == 1:  # one field per group, the usual case
+                at, offset, nbytes = slots[0]
+                outputs: tuple[Any, ...] = ((made[at], offset, nbytes),)
+            else:
                 outputs = tuple([(made[at], offset, nbytes) for at, offset, nbytes in slots])
-                if not copy(part, first, frames, outputs):
-                    undo(done, first)
-                    return None
-        result = dict(zip(names, made, strict=True))
+            block, block_row = divmod(first, block_rows)
+            key = base + high + block
+            found = None if files is None else files.get(key)
+            if found is not None and not piece(
+                found.data, outputs, block_row, frames, per_chunk, stored, row_nbytes,
+                found.verified if verify else None, counter, found.live_size,
+            ):  # fmt: skip
+                try:  # noqa: SIM105 - the copier's recency step (contextlib costs more)
+                    files.move_to_end(key)  # type: ignore[union-attr]
+                except KeyError:  # dropped by another thread just now: still copied
+                    pass
+            elif not copy(part, first, frames, outputs):
+                undo(done, first)
+                return None
+        result = dict(zip(names, made, strict=False))  # made from ``specs``: alike lengths
         if torch:
             return as_written(result, torch)
         return result
