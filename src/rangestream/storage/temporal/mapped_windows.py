@@ -67,30 +67,29 @@ def make_window_reader(
     copiers = opened.copiers
     if mapped is None or frames <= 0 or not opened.arrays:
         return no_window
-    position = {output.name: i for i, output in enumerate(selection.outputs)}
     plan = []
     for number, outputs in selection.groups:
         copy = copiers[number]
         inline = mapped.inline_blocks([arrays[number] for arrays in opened.arrays])
         if copy is None or inline is None or frames > inline.block_rows:
             return no_window  # not mapped, or never inside one block
-        slots = tuple((position[o.name], o.offset, o.nbytes) for o in outputs)
-        plan.append((copy, inline, slots))
+        made = tuple((o.name, (frames, *o.shape), o.dtype, o.offset, o.nbytes) for o in outputs)
+        plan.append((copy, inline, made))
+    if not plan:
+        return no_window  # ``fields=[]``: the program checks the window, reads nothing
     names = tuple(output.name for output in selection.outputs)
-    specs = tuple(((frames, *output.shape), output.dtype) for output in selection.outputs)
+    # outputs are made group by group; the dict keeps the order ``fields`` asked for
+    in_order = names == tuple(name for _c, _i, made in plan for name, *_rest in made)
     torch = selection.torch
     index = opened.index
     count, chunk_rows, chunks = index.count, index.chunk_rows, index.chunks
-    bounds = tuple(inline.block_rows for _copy, inline, _slots in plan)
-    if not plan:
-        return no_window  # ``fields=[]``: the program checks the window, reads nothing
     # one map cache, checking rule and copier per executor: the first group's
     holder, verify, piece = plan[0][1].holder, plan[0][1].verify, plan[0][1].copy_piece
-    steps = tuple((copy, slots, *inline[1:6], inline.counter) for copy, inline, slots in plan)
-    empty = np.empty
+    steps = tuple((copy, made, *inline[1:6], inline.counter) for copy, inline, made in plan)
+    empty, fromkeys = np.empty, dict.fromkeys
 
     def undo(done: int, first: int) -> None:
-        for _copy, inline, _slots in plan[:done]:
+        for _copy, inline, _made in plan[:done]:
             _uncount(inline, first, frames)
 
     def read(record: int, start: int) -> dict[str, Any] | None:
@@ -104,22 +103,27 @@ def make_window_reader(
             return None
         part = entry.item(row, 2)
         first = entry.item(row, 0) + start
-        for block_rows in bounds:
-            if first % block_rows + frames > block_rows:
-                return None  # crosses a block boundary: the program reads both parts
-        made = [empty(shape, dtype) for shape, dtype in specs]
         entries = holder.value
         files = None if entries is None else entries.files
         high = part << 40
-        for done, (copy, slots, base, block_rows, per_chunk, stored, row_nbytes, counter) in (
+        result: dict[str, Any] = {} if in_order else fromkeys(names)
+        for done, (copy, made, base, block_rows, per_chunk, stored, row_nbytes, counter) in (
             enumerate(steps)
         ):  # fmt: skip
-            if len(slots) == 1:  # one field per group, the usual case
-                at, offset, nbytes = slots[0]
-                outputs: tuple[Any, ...] = ((made[at], offset, nbytes),)
-            else:
-                outputs = tuple([(made[at], offset, nbytes) for at, offset, nbytes in slots])
             block, block_row = divmod(first, block_rows)
+            if block_row + frames > block_rows:
+                undo(done, first)
+                return None  # crosses a block boundary: the program reads both parts
+            if len(made) == 1:  # one field per group, the usual case
+                name, shape, dtype, offset, nbytes = made[0]
+                result[name] = out = empty(shape, dtype)
+                outputs: tuple[Any, ...] = ((out, offset, nbytes),)
+            else:
+                listed = []
+                for name, shape, dtype, offset, nbytes in made:
+                    result[name] = out = empty(shape, dtype)
+                    listed.append((out, offset, nbytes))
+                outputs = tuple(listed)
             key = base + high + block
             found = None if files is None else files.get(key)
             if found is not None and not piece(
@@ -133,7 +137,6 @@ def make_window_reader(
             elif not copy(part, first, frames, outputs):
                 undo(done, first)
                 return None
-        result = dict(zip(names, made, strict=False))  # made from ``specs``: alike lengths
         if torch:
             return as_written(result, torch)
         return result
