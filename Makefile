@@ -40,7 +40,10 @@ install: $(VENV)/.installed $(AZURITE)
 demo: $(VENV)/.installed
 	$(VENV)/bin/rangestream demo $(URL) $(if $(ENDPOINT),--endpoint-url $(ENDPOINT)) $(DEMO_ARGS)
 
+# bytecode first: where PYTHONDONTWRITEBYTECODE is set (CI images often set it) every
+# worker and rank the suite starts would compile the package again (about 0.7 s each)
 test: $(VENV)/.installed $(AZURITE)
+	$(PY) -m compileall -q src testkit tests > /dev/null
 	$(PY) -m pytest -q -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed

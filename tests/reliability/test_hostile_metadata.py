@@ -242,7 +242,12 @@ def stored(root: Path | None) -> tuple[int, int]:
     """Objects and bytes under ``root`` as the case finds it (its hostile root included)."""
     if root is None:
         return 0, 0
-    sizes = [path.stat().st_size for path in root.rglob("*") if path.is_file()]
+    sizes = [
+        os.stat(os.path.join(folder, name)).st_size
+        for folder, _, names in os.walk(root)
+        for name in names
+        if os.path.isfile(os.path.join(folder, name))
+    ]
     return len(sizes), sum(sizes)
 
 
