@@ -79,11 +79,8 @@ def _resolved_path(fd: int, path: str) -> str:
     the file was unlinked after the open, ``realpath``.
     """
     if _PROC_FD_NAMES:
-        try:
+        with contextlib.suppress(OSError):  # no such entry: realpath below
             resolved = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            pass
-        else:
             if resolved.startswith(os.sep) and not resolved.endswith(" (deleted)"):
                 return resolved
     return os.path.realpath(path)
